@@ -1,0 +1,41 @@
+"""Command line: ``python -m kvlab replay|fleet|chat ...``.
+
+Each subcommand lives in its own module and is imported only when used, so
+``replay`` never pays for torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {
+    "replay": ("kvlab.replay", "Replay a JSON scenario through a model and print one JSON record per op."),
+    "fleet": ("kvlab.fleet_cli", "Simulate prefix caching for a fleet of chat users (lesson 002)."),
+    "chat": ("kvlab.engine.chat_cli", "Run an agent-like chat on the tiny real engine and print cache counters."),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: python -m kvlab COMMAND [options]", "", "commands:"]
+    lines += [f"  {name:<8}{help_}" for name, (_, help_) in COMMANDS.items()]
+    lines.append("")
+    lines.append("Run 'python -m kvlab COMMAND --help' for a command's options.")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else list(argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(_usage())
+        return 0
+    name, rest = args[0], args[1:]
+    if name not in COMMANDS:
+        print(f"kvlab: unknown command {name!r}; use one of: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[name][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
