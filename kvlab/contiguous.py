@@ -125,7 +125,9 @@ class ContiguousPool:
         check_int("size", size, minimum=1)
         used = size if used is None else check_int("used", used, minimum=0)
         if used > size:
-            raise InvalidArgumentError(f"used ({used}) cannot exceed size ({size}): a region holds at most its size")
+            raise InvalidArgumentError(
+                f"used ({used}) cannot exceed size ({size}): a region holds at most its size"
+            )
         if any(r.owner == request_id for r in self._regions):
             raise DuplicateRequestError(f"request {request_id!r} already holds a region; release it first")
         start = self._first_fit(size)
@@ -246,7 +248,12 @@ def exact_fit(
     for i in finished:
         if f"q{i}" not in pool.rejected:
             pool.release(f"q{i}")
-    free, gaps, largest, external = pool.free, tuple(pool.gap_sizes()), pool.largest_gap, pool.external_fragmentation
+    free, gaps, largest, external = (
+        pool.free,
+        tuple(pool.gap_sizes()),
+        pool.largest_gap,
+        pool.external_fragmentation,
+    )
     placed = pool.reserve(f"q{len(sizes)}", new_request) is not None
     assert pool.history is not None
     return ExactFitResult(pool_size, free, gaps, largest, new_request, placed, external, pool.history)

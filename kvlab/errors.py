@@ -31,6 +31,14 @@ class OutOfBlocksError(KvlabError):
     """The pool cannot satisfy an allocation; nothing was changed."""
 
 
+class SlotBusyError(KvlabError):
+    """A llama-server slot (or every slot) is processing a request; llama-server would defer the task."""
+
+
+class SlotFileError(KvlabError, ValueError):
+    """A saved slot file is missing, truncated, corrupted or from another model; nothing was loaded."""
+
+
 class ScenarioError(KvlabError):
     """A scenario (a list of ops) is malformed; ``index`` is the op's position, or None."""
 

@@ -187,13 +187,19 @@ class BlockPoolState:
 
 @dataclass(frozen=True)
 class RadixNodeState:
-    """One node of a radix tree: the token run on the edge into it, its lock count, last access."""
+    """One node of a radix tree: the token run on the edge into it, its lock count, last access.
+
+    ``extra_key`` is the namespace the run belongs to (a LoRA id or cache salt in
+    SGLang); runs under different extra keys never share nodes, so two trees that
+    differ only in namespaces must not compare equal.
+    """
 
     node_id: int
     key: tuple[int, ...]
     lock_ref: int
     last_access: int
     children: tuple[RadixNodeState, ...] = ()
+    extra_key: str | None = None
 
     def walk(self) -> Iterator[tuple[int, RadixNodeState]]:
         """Yield (depth, node) in depth-first order, children in stored order, root at depth 0."""

@@ -1,0 +1,188 @@
+"""Agent history policies and what they cost a prefix cache (lesson example 13).
+
+An agent sends its whole context every turn: a fixed prefix (system prompt and
+tool definitions) and the history of tool calls and results. A *history policy*
+decides which results the prompt keeps. A cache that holds the previous prompt,
+like a llama-server slot, reuses its longest common prefix with the new one; so
+a policy that only appends costs each turn its new tokens, and one that drops
+old results from the front of the history rewrites everything after the prefix,
+every turn.
+
+A policy is any callable ``policy(prefix, results) -> prompt tokens`` (see
+``HistoryPolicy``); ``AppendOnly``, ``KeepLast`` and ``SummarizeOnce`` are the
+lesson's three. ``run_agent`` plays the turns and records, per turn, the prompt
+size, the cached and the processed tokens.
+
+By default the cache is the lesson's: it keeps the previous prompt and reuses
+the common prefix. Pass ``server=SlotServer(...)`` to send every prompt through
+kvlab's llama-server slot model instead (``max_tokens=0``), which also
+reprocesses the last token when a prompt is entirely cached; the lesson's
+figures are the same either way, since no prompt repeats the previous one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from kvlab.errors import InvalidArgumentError, check_int, check_tokens
+from kvlab.slots import SlotServer, common_prefix
+
+
+@runtime_checkable
+class HistoryPolicy(Protocol):
+    """Builds a turn's prompt from the fixed prefix and every tool result so far (oldest first)."""
+
+    def __call__(self, prefix: Sequence[int], results: Sequence[Sequence[int]]) -> list[int]: ...
+
+
+@dataclass(frozen=True)
+class AppendOnly:
+    """Keep every result: the prompt only grows at its end."""
+
+    name: str = "append-only"
+
+    def __call__(self, prefix: Sequence[int], results: Sequence[Sequence[int]]) -> list[int]:
+        return [*prefix, *(t for r in results for t in r)]
+
+
+@dataclass(frozen=True)
+class KeepLast:
+    """Keep only the last ``n`` results, dropping older ones from the front of the history."""
+
+    n: int = 5
+
+    def __post_init__(self) -> None:
+        check_int("n", self.n, minimum=1)
+
+    @property
+    def name(self) -> str:
+        return f"keep only the last {self.n} tool results"
+
+    def __call__(self, prefix: Sequence[int], results: Sequence[Sequence[int]]) -> list[int]:
+        return [*prefix, *(t for r in results[-self.n :] for t in r)]
+
+
+@dataclass(frozen=True)
+class SummarizeOnce:
+    """Append-only, except that once there are more than ``after`` results a fixed summary replaces the first ``after``.
+
+    The summary is the same tokens every later turn, so the history is append-only again after the one rewrite.
+    """
+
+    after: int = 12
+    summary_tokens: int = 300
+    summary_first_id: int = 900_000
+
+    def __post_init__(self) -> None:
+        check_int("after", self.after, minimum=1)
+        check_int("summary_tokens", self.summary_tokens, minimum=0)
+        check_int("summary_first_id", self.summary_first_id, minimum=0)
+
+    @property
+    def name(self) -> str:
+        return f"append-only, one summary at {self.after}"
+
+    def __call__(self, prefix: Sequence[int], results: Sequence[Sequence[int]]) -> list[int]:
+        if len(results) <= self.after:
+            return AppendOnly()(prefix, results)
+        summary = range(self.summary_first_id, self.summary_first_id + self.summary_tokens)
+        return [*prefix, *summary, *(t for r in results[self.after :] for t in r)]
+
+
+@dataclass(frozen=True)
+class AgentTurn:
+    turn: int  # 1-based
+    prompt_tokens: int
+    cached_tokens: int
+    processed_tokens: int
+    common_prefix: int  # LCP with the previous prompt
+
+
+@dataclass(frozen=True)
+class AgentRun:
+    name: str
+    turns: tuple[AgentTurn, ...]
+
+    @property
+    def total_processed(self) -> int:
+        return sum(t.processed_tokens for t in self.turns)
+
+    @property
+    def worst_turn(self) -> int:
+        return max(t.processed_tokens for t in self.turns)
+
+    @property
+    def final_prompt(self) -> int:
+        return self.turns[-1].prompt_tokens
+
+    def line(self) -> str:
+        """The lesson's result line for this run."""
+        return (
+            f"{self.name:<34s} processed {self.total_processed:6d} tokens, worst turn {self.worst_turn:5d}, "
+            f"final prompt {self.final_prompt:5d}"
+        )
+
+
+def run_agent(
+    policy: HistoryPolicy,
+    *,
+    turns: int = 20,
+    prefix_tokens: int = 2000,
+    result_tokens: int = 400,
+    first_result_id: int = 100_000,
+    name: str | None = None,
+    server: SlotServer | None = None,
+) -> AgentRun:
+    """Play ``turns`` agent turns; each adds one tool call and result of ``result_tokens`` tokens."""
+    if not callable(policy):
+        raise InvalidArgumentError("policy must be a callable (prefix, results) -> prompt tokens")
+    check_int("turns", turns, minimum=1)
+    check_int("prefix_tokens", prefix_tokens, minimum=0)
+    check_int("result_tokens", result_tokens, minimum=1)
+    check_int("first_result_id", first_result_id, minimum=prefix_tokens)
+    if name is None:
+        name = getattr(policy, "name", None) or getattr(policy, "__name__", "custom policy")
+    if not isinstance(name, str):
+        raise InvalidArgumentError("name must be a string")
+    if server is not None and not isinstance(server, SlotServer):
+        raise InvalidArgumentError("server must be a kvlab.slots.SlotServer or None")
+    prefix = list(range(prefix_tokens))
+    results: list[list[int]] = []
+    cached: list[int] = []
+    out: list[AgentTurn] = []
+    next_id = first_result_id
+    for turn in range(turns):
+        results.append(list(range(next_id, next_id + result_tokens)))
+        next_id += result_tokens
+        try:
+            prompt = check_tokens("the policy's prompt", policy(tuple(prefix), tuple(tuple(r) for r in results)))
+        except InvalidArgumentError:
+            raise
+        except Exception as exc:
+            raise InvalidArgumentError(f"the policy failed on turn {turn + 1}: {exc}") from exc
+        lcp = common_prefix(cached, prompt)
+        if server is None:
+            hit = lcp
+        else:
+            if len(prompt) >= server.n_ctx:
+                raise InvalidArgumentError(f"turn {turn + 1}'s prompt ({len(prompt)} tokens) does not fit n_ctx {server.n_ctx}")
+            hit = server.complete(prompt, max_tokens=0).cache_n
+        out.append(AgentTurn(turn + 1, len(prompt), hit, len(prompt) - hit, lcp))
+        cached = prompt
+    return AgentRun(name, tuple(out))
+
+
+def example_13(server_ctx: int | None = None) -> dict[str, AgentRun]:
+    """The lesson's three policies over 20 turns (2,000-token prefix, 400-token results).
+
+    With ``server_ctx`` each policy runs through its own one-slot ``SlotServer`` of that context size.
+    """
+    policies: list[HistoryPolicy] = [AppendOnly(), KeepLast(5), SummarizeOnce(12)]
+    runs = {}
+    for p in policies:
+        server = None if server_ctx is None else SlotServer(1, n_ctx=server_ctx, cache_ram_mib=0)
+        run = run_agent(p, server=server)
+        runs[run.name] = run
+    return runs

@@ -1,0 +1,110 @@
+"""The course's map and the small helpers its notebooks share.
+
+``COURSE`` lists the sixteen notebooks in order (file names, titles, time
+estimates); the start page, the instructors' page and the storage test read it.
+``compare_table`` prints what kvlab computed beside the figure the lesson
+printed, one row per figure, with a mark that says whether they agree. When
+$KVLAB_EXERCISE_LOG is set (the notebook tests set it), each table also
+appends a JSON line ``{"compare": title, "ok": bool, "mismatches": [...]}``,
+so a figure that drifts from the lesson fails CI instead of only showing a ✗.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvlab.errors import InvalidArgumentError
+from kvlab.exercises.core import log_event
+
+
+@dataclass(frozen=True)
+class Notebook:
+    """One notebook of the course: ``notebooks/{slug}.ipynb``."""
+
+    number: str  # "00" .. "15"
+    slug: str
+    title: str
+    minutes: int  # reading, running and the exercises, for a typical student
+    about: str  # one line for the course map
+
+    @property
+    def filename(self) -> str:
+        return f"{self.slug}.ipynb"
+
+
+COURSE: tuple[Notebook, ...] = (
+    Notebook("00", "00_start_here", "Start here", 10, "what the course teaches, how to run it, how exercises work"),
+    Notebook("01", "01_contiguous_allocation", "Contiguous allocation", 35,
+             "one region per request: internal and external fragmentation"),
+    Notebook("02", "02_block_tables", "Block tables", 30,
+             "16-token blocks, block tables and the slot mapping"),
+    Notebook("03", "03_utilization", "Utilization", 30, "blocks from a free list: how much of the pool stores KV"),
+    Notebook("04", "04_copy_on_write", "Copy-on-write", 35, "reference counts and copy-on-write for parallel sampling"),
+    Notebook("05", "05_shared_system_prompt", "Shared system prompt", 35,
+             "two requests share the full blocks of one system prompt"),
+    Notebook("06", "06_hash_chains", "Hash chains", 35, "chained block hashes: what makes two prefixes the same"),
+    Notebook("07", "07_lru_eviction", "LRU eviction", 40, "the free queue, cached free blocks and which go first"),
+    Notebook("08", "08_radix_tree", "Radix tree", 45, "SGLang's radix tree: token-level matching, splits, locks"),
+    Notebook("09", "09_prompt_layout", "Prompt layout", 35, "where a timestamp or a tool list goes decides the hit rate"),
+    Notebook("10", "10_llama_server_cache_n", "llama-server cache_n", 35,
+             "reading llama-server's cache_n and prompt_n across turns"),
+    Notebook("11", "11_offload_and_slot_files", "Offload and slot files", 30,
+             "KV outside the GPU: offload, and slot files across restarts"),
+    Notebook("12", "12_sliding_window_checkpoints", "Sliding-window checkpoints", 40,
+             "reusing a prefix with sliding-window layers: checkpoints and --swa-full"),
+    Notebook("13", "13_agent_history", "Agent history", 40, "append-only, trimmed and summarised agent histories"),
+    Notebook("14", "14_paged_attention", "Real paged attention", 50,
+             "paged attention on real tensors: correctness, memory, block size, bandwidth"),
+    Notebook("15", "15_fleet_prefix_caching", "Prefix caching at fleet scale", 50,
+             "200 users, working set, timestamps, tenant salts, replicas and routing"),
+)  # fmt: skip
+
+
+def _plain(value: Any) -> Any:
+    """Tuples as lists and numpy scalars/arrays as Python values, so equal figures compare equal."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _show(value: Any) -> str:
+    value = _plain(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_show(v) for v in value) + "]"
+    return str(value)
+
+
+def compare_table(rows: Iterable[Sequence[Any]], title: str = "kvlab vs the lesson") -> None:
+    """Print ``(what, kvlab value, lesson value)`` rows side by side with ✓ where they agree.
+
+    Values agree when they are equal after tuples become lists and numpy
+    values become Python ones; format floats yourself (``f"{x:.1f}%"``) to
+    compare them at the lesson's precision.
+    """
+    if not isinstance(title, str):
+        raise InvalidArgumentError(f"title must be a string, got {title!r}")
+    shape = "rows must be a non-empty list of (what, kvlab value, lesson value) triples"
+    if isinstance(rows, (str, bytes)) or not hasattr(rows, "__iter__"):
+        raise InvalidArgumentError(f"{shape}, got {type(rows).__name__}")
+    table = [tuple(r) if isinstance(r, (list, tuple)) else (r,) for r in rows]
+    if not table or any(len(r) != 3 for r in table):
+        raise InvalidArgumentError(shape)
+    cells = [
+        (str(what), _show(ours), _show(theirs), _plain(ours) == _plain(theirs))
+        for what, ours, theirs in table
+    ]
+    w0 = max(len("figure"), *(len(c[0]) for c in cells))
+    w1 = max(len("kvlab"), *(len(c[1]) for c in cells))
+    w2 = max(len("lesson"), *(len(c[2]) for c in cells))
+    print(title)
+    print(f"  {'figure':<{w0}}  {'kvlab':>{w1}}  {'lesson':>{w2}}")
+    for what, ours, theirs, ok in cells:
+        print(f"  {what:<{w0}}  {ours:>{w1}}  {theirs:>{w2}}  {'✓' if ok else '✗ differs'}")
+    mismatches = [c[0] for c in cells if not c[3]]
+    log_event({"compare": title, "ok": not mismatches, "mismatches": mismatches})

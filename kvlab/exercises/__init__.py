@@ -1,0 +1,59 @@
+"""Checked exercises for the course notebooks.
+
+In a notebook::
+
+    from kvlab.exercises import check
+    answer = ...          # the student replaces ... with an answer
+    check("01.2", answer)
+
+``check`` shows "right", "not yet" (with a hint) or "not done yet" and returns
+a ``Result``; it never raises for a wrong, unfinished or malformed answer.
+
+Each notebook's exercises live in their own module, ``nbNN.py``; every module
+of this package named ``nb`` + two digits is imported here, so adding a
+notebook's exercises is adding that one file (see docs/notebook_guide.md).
+Checkers compute the expected answer with kvlab's models; no solution text is
+kept here (solutions live in ``solutions/``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import re
+
+from kvlab.exercises.core import (
+    NOT_DONE,
+    NOT_YET,
+    RIGHT,
+    Exercise,
+    NotYet,
+    Result,
+    UnknownExerciseError,
+    call,
+    check,
+    exercise,
+    exercises,
+    get,
+    hint,
+)
+
+__all__ = [
+    "NOT_DONE",
+    "NOT_YET",
+    "RIGHT",
+    "Exercise",
+    "NotYet",
+    "Result",
+    "UnknownExerciseError",
+    "call",
+    "check",
+    "exercise",
+    "exercises",
+    "get",
+    "hint",
+]
+
+for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+    if re.fullmatch(r"nb\d\d", _module):
+        importlib.import_module(f"{__name__}.{_module}")

@@ -1,0 +1,23 @@
+"""Exercise of notebook 00, the start page: one tiny check to show how checks work."""
+
+from __future__ import annotations
+
+from kvlab.contiguous import reserve_max
+from kvlab.exercises.core import NotYet, exercise
+
+
+@exercise(
+    "00.1",
+    title="Try a check",
+    assesses="using the exercise cells: replacing ... with an answer and reading the feedback",
+    minutes=2,
+    answer_type="int",
+    hints=[
+        "Each request reserves 2,048 slots, whatever it really needs. How many times does 2,048 go into 8,192?",
+    ],
+)
+def reservations_that_fit(answer: int) -> str:
+    placed = len(reserve_max([1] * 10, pool_size=8192, max_len=2048).placed)
+    if answer != placed:
+        raise NotYet(f"{answer} regions of 2,048 slots take {answer * 2048:,} slots, but the pool has 8,192.")
+    return f"{placed} regions of 2,048 slots fill the pool; notebook 01 shows what that costs."

@@ -1,0 +1,611 @@
+"""A radix tree of cached prefixes, kept the way SGLang's ``RadixCache`` keeps it (lesson example 8).
+
+Each edge holds a run of tokens and, for every token, the KV slot that holds its
+keys and values. Prompts that share a prefix share the nodes of that prefix. A
+running request *locks* the path to the node its prefix ended at, so eviction,
+which removes whole unlocked leaves in least-recently-accessed order, can never
+take KV that a request still reads.
+
+What follows SGLang (``python/sglang/srt/mem_cache/radix_cache.py``, the
+``RadixKey``/``evictable_leaves`` generation of 2025, with the default LRU
+eviction policy) and why it matters:
+
+* **A lookup can change the tree.** ``match`` walks down while the next child
+  key is present; when the match ends inside a run, the node is split there and
+  the new *upper* node is returned. ``insert`` splits the same way, then hangs
+  the rest of the prompt below as one new leaf. ``insert`` returns how many
+  tokens were already present (SGLang's ``prefix_len``); their slots are not
+  allocated again.
+* **Children are a dict keyed by the child key** (the first token, or the first
+  page as a tuple; ``(extra_key, that)`` inside a namespace). So children keep
+  insertion order, and a split keeps the position: the upper node replaces the
+  old node under the same key. A leaf removed and inserted again goes last.
+* **Access times.** SGLang stamps ``time.monotonic()``; here a logical clock
+  ticks at exactly the same call points, in the same order, so every LRU order
+  comes out the same. They are: node creation (``TreeNode.__init__`` reads the
+  clock twice, for ``last_access_time`` then ``creation_time``; the root is
+  created with the tree); the start of every match walk and every insert walk
+  (one reading, shared by the root and every node the walk steps onto,
+  including a node it is about to split). The upper node a split creates is
+  therefore *newer* than the lower part, and an insert's new leaf newer still.
+  A match whose key is empty after page truncation returns the root without
+  reading the clock; an insert in the same case still reads it once. Locking,
+  unlocking and eviction never touch the clock.
+* **Eviction** pops unlocked leaves from a heap ordered by last access, frees
+  each leaf's slots, counts ``len(value)`` tokens, deletes it, and pushes its
+  parent when that parent is left childless and unlocked; it stops once at
+  least ``num_tokens`` were freed, so it may free more than asked (whole leaves
+  only). SGLang rebuilds the heap from its set of evictable leaves on every
+  call; here one heap lives across calls with stale entries skipped, which pops
+  the same nodes in the same order (no two evictable leaves can share an access
+  time: nodes stamped by one walk lie on one root path) at a cost of
+  O(log n) per popped leaf instead of O(leaves) per call.
+* **Locks** (``inc_lock_ref``/``dec_lock_ref``) walk from the node up to the
+  root; a node's tokens move between the evictable and protected totals only
+  when its count goes 0 -> 1 or 1 -> 0. The root always has ``lock_ref`` 1.
+* **page_size > 1**: keys are cut to whole pages (SGLang's ``page_aligned``),
+  matching compares page by page, the child key is the first page, so splits
+  happen only on page boundaries and prompts sharing less than a page share no
+  node.
+* **extra_key**: runs with different extra keys never share a node, even when
+  their tokens are equal (SGLang's ``match_prefix`` docstring: LoRA ids, salts).
+
+Where the lesson's Java program simplifies: its clock ticks once per operation
+(its ``t=`` values are 1, 2, 3...), it evicts exactly one leaf, and its split
+does not stamp the new node. The tree, the matched length, which leaf goes and
+the sizes of example 8 come out the same; the access times here are the
+logical SGLang clock, and ``evict`` is SGLang's (whole leaves until enough).
+Eviction strategies other than LRU (lfu, fifo, priority...) are not modelled.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Hashable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+from kvlab.errors import InvalidArgumentError, check_int, check_tokens
+from kvlab.snapshots import History, RadixNodeState, RadixState
+
+__all__ = [
+    "Example8",
+    "MatchResult",
+    "RadixNode",
+    "RadixTree",
+    "SlotAllocator",
+    "example_8",
+    "format_tree",
+]
+
+
+class SlotAllocator:
+    """Hands out one KV slot index per token and takes them back.
+
+    Freed slots are reused first, oldest-freed first, as SGLang's token-to-KV
+    pool allocator does (it appends freed slots to its free list and allocates
+    from the front). The pool is unbounded: the tree, not the pool, decides
+    when to evict.
+    """
+
+    def __init__(self) -> None:
+        self._next_fresh = 0
+        self._free: deque[int] = deque()
+        self.in_use: set[int] = set()
+        self.allocated_total = 0
+        self.freed_total = 0
+
+    def alloc(self, n: int) -> tuple[int, ...]:
+        out = []
+        for _ in range(n):
+            if self._free:
+                slot = self._free.popleft()
+            else:
+                slot = self._next_fresh
+                self._next_fresh += 1
+            out.append(slot)
+        self.in_use.update(out)
+        self.allocated_total += n
+        return tuple(out)
+
+    def free(self, slots: Iterable[int]) -> None:
+        for slot in slots:
+            if slot not in self.in_use:  # a bug in the tree, never a user error
+                raise RuntimeError(f"slot {slot} freed twice")
+            self.in_use.remove(slot)
+            self._free.append(slot)
+            self.freed_total += 1
+
+
+class RadixNode:
+    """One node: the run of tokens on the edge into it and their KV slots.
+
+    Nodes are handed out as handles (by ``match``) to pass back to ``lock`` and
+    ``unlock``; read their fields, never write them. A split keeps the object
+    of the node that was split as the *lower* part, so a handle always stands
+    for the same prefix (root to the end of its run). ``alive`` turns false
+    when the node is evicted.
+    """
+
+    __slots__ = (
+        "node_id",
+        "key",
+        "value",
+        "extra_key",
+        "parent",
+        "children",
+        "lock_ref",
+        "last_access",
+        "creation_time",
+        "alive",
+        "tree",
+    )
+
+    def __init__(self, tree: RadixTree, node_id: int, key: tuple[int, ...], value: tuple[int, ...],
+                 extra_key: str | None, parent: RadixNode | None) -> None:
+        self.tree = tree
+        self.node_id = node_id
+        self.key = key
+        self.value = value
+        self.extra_key = extra_key
+        self.parent = parent
+        self.children: dict[Hashable, RadixNode] = {}
+        self.lock_ref = 0
+        self.last_access = 0
+        self.creation_time = 0
+        self.alive = True
+
+    @property
+    def is_root(self) -> bool:
+        return self.parent is None
+
+    def prefix(self) -> tuple[int, ...]:
+        """All tokens from the root to the end of this node's run."""
+        runs = []
+        node: RadixNode | None = self
+        while node is not None:
+            runs.append(node.key)
+            node = node.parent
+        return tuple(t for run in reversed(runs) for t in run)
+
+    def __repr__(self) -> str:
+        shown = list(self.key[:8])
+        more = "..." if len(self.key) > 8 else ""
+        ns = f" extra_key={self.extra_key!r}" if self.extra_key is not None else ""
+        state = "" if self.alive else " evicted"
+        return f"RadixNode(#{self.node_id} {shown}{more}{ns} lock_ref={self.lock_ref}{state})"
+
+
+@dataclass(frozen=True)
+class MatchResult:
+    """What ``match`` found: how many tokens, the node the match ended at, and their KV slots."""
+
+    matched_len: int
+    node: RadixNode
+    values: tuple[int, ...]
+
+
+class RadixTree:
+    """SGLang's radix cache: match, insert, lock, unlock, evict (see the module docstring).
+
+    ``page_size`` is the number of tokens per KV page (1: token granularity).
+    With ``record=True`` the tree keeps a ``History`` of ``RadixState``
+    snapshots, step 0 the empty tree, then one step per operation.
+    """
+
+    def __init__(self, page_size: int = 1, record: bool = False) -> None:
+        self.page_size = check_int("page_size", page_size, minimum=1)
+        if not isinstance(record, bool):
+            raise InvalidArgumentError(f"record must be True or False, got {record!r}")
+        self.allocator = SlotAllocator()
+        self._clock = 0
+        self._next_id = 0
+        self._num_nodes = 0
+        self._evictable_size = 0
+        self._protected_size = 0
+        # entries (last_access, push number, node); stale ones are skipped when popped
+        self._heap: list[tuple[int, int, RadixNode]] = []
+        self._pushes = 0
+        self._matched_node: int | None = None
+        self._split_nodes: list[int] = []
+        self._evicted_runs: list[tuple[int, ...]] = []
+        self.root = self._new_node((), (), None, None)
+        self.root.lock_ref = 1
+        self.history: History[RadixState] | None = History() if record else None
+        self._record("empty tree")
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def evictable_size(self) -> int:
+        """Tokens in unlocked nodes: what eviction could free."""
+        return self._evictable_size
+
+    @property
+    def protected_size(self) -> int:
+        """Tokens in locked nodes: in use by running requests."""
+        return self._protected_size
+
+    @property
+    def total_tokens(self) -> int:
+        return self._evictable_size + self._protected_size
+
+    @property
+    def num_nodes(self) -> int:
+        """Nodes in the tree, the root included."""
+        return self._num_nodes
+
+    @property
+    def clock(self) -> int:
+        """The logical clock: how many times SGLang would have read ``time.monotonic()``."""
+        return self._clock
+
+    def match(self, tokens: Sequence[int], extra_key: str | None = None) -> MatchResult:
+        """Find the longest cached prefix of ``tokens`` (whole pages); may split a node.
+
+        Returns the matched length, the node the match ended at (the root when
+        nothing matched) and the KV slots of the matched tokens. Refreshes the
+        access time of every node on the path.
+        """
+        tokens = self._check_key(tokens, extra_key)
+        self._begin_op()
+        n = len(tokens)
+        if n == 0:
+            result = MatchResult(0, self.root, ())
+        else:
+            result = self._match_walk(tokens, extra_key)
+        self._matched_node = result.node.node_id
+        self._record(f"match {_show(tokens)}{_ns(extra_key)}: {result.matched_len} tokens cached")
+        return result
+
+    def insert(self, tokens: Sequence[int], extra_key: str | None = None) -> int:
+        """Cache ``tokens`` (cut to whole pages); return how many were already present.
+
+        The new part becomes one leaf with freshly allocated KV slots; a run
+        that the prompt leaves part-way is split first.
+        """
+        tokens = self._check_key(tokens, extra_key)
+        self._begin_op()
+        present = self._insert_walk(tokens, extra_key)
+        self._record(f"insert {_show(tokens)}{_ns(extra_key)}: {present} tokens already present")
+        return present
+
+    def lock(self, node: RadixNode) -> int:
+        """A request starts using ``node``'s prefix: add one lock from it up to the root.
+
+        Returns the change of the evictable size (zero or negative), as
+        SGLang's ``inc_lock_ref`` does. Locking the root changes nothing.
+        """
+        self._check_handle(node, "lock")
+        self._begin_op()
+        caption = f"lock node #{node.node_id} ({len(node.prefix())} tokens to the root)"
+        delta = 0
+        while node.parent is not None:
+            if node.lock_ref == 0:
+                size = len(node.key)
+                self._evictable_size -= size
+                self._protected_size += size
+                delta -= size
+            node.lock_ref += 1
+            node = node.parent
+        self._record(caption)
+        return delta
+
+    def unlock(self, node: RadixNode) -> int:
+        """A request is done with ``node``'s prefix: remove one lock from it up to the root.
+
+        Returns the change of the evictable size (zero or positive), as
+        SGLang's ``dec_lock_ref`` does. Unlocking a node that is not locked is
+        refused (SGLang would drive the count negative). Unlocking the root
+        changes nothing.
+        """
+        self._check_handle(node, "unlock")
+        if node.parent is not None and node.lock_ref == 0:
+            raise InvalidArgumentError(
+                f"cannot unlock {node!r}: it is not locked; unlock only what a lock call locked"
+            )
+        self._begin_op()
+        caption = f"unlock node #{node.node_id} ({len(node.prefix())} tokens to the root)"
+        delta = 0
+        while node.parent is not None:
+            if node.lock_ref == 1:
+                size = len(node.key)
+                self._evictable_size += size
+                self._protected_size -= size
+                delta += size
+            node.lock_ref -= 1
+            if node.lock_ref == 0 and not node.children:
+                self._push(node)
+            node = node.parent
+        self._record(caption)
+        return delta
+
+    def evict(self, num_tokens: int) -> list[tuple[int, ...]]:
+        """Free at least ``num_tokens`` tokens (if that many are evictable); return the removed runs.
+
+        Whole unlocked leaves go, least recently accessed first; a parent left
+        without children (and unlocked) becomes a candidate at once. Can free
+        more than asked, never part of a leaf.
+        """
+        num_tokens = check_int("num_tokens", num_tokens, minimum=0)
+        self._begin_op()
+        freed = 0
+        while freed < num_tokens:
+            leaf = self._pop_evictable()
+            if leaf is None:
+                break
+            self.allocator.free(leaf.value)
+            freed += len(leaf.value)
+            self._delete_leaf(leaf)
+            self._evicted_runs.append(leaf.key)
+            parent = leaf.parent
+            if parent is not None and not parent.children and parent.lock_ref == 0:
+                self._push(parent)
+        runs = list(self._evicted_runs)
+        self._record(f"evict {num_tokens}: freed {freed} tokens in {len(runs)} leaves")
+        return runs
+
+    def nodes(self) -> Iterator[RadixNode]:
+        """Every node, root first, depth first, children in stored order."""
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(reversed(node.children.values()))
+
+    def snapshot(self) -> RadixState:
+        """The whole tree as an immutable ``RadixState``, with what the last operation did."""
+        return RadixState(
+            root=self._node_state(self.root),
+            page_size=self.page_size,
+            evictable_size=self._evictable_size,
+            protected_size=self._protected_size,
+            matched_node=self._matched_node,
+            split_nodes=tuple(self._split_nodes),
+            evicted_runs=tuple(self._evicted_runs),
+        )
+
+    # ------------------------------------------------------------------ validation
+
+    def _check_key(self, tokens: object, extra_key: object) -> tuple[int, ...]:
+        tokens = check_tokens("tokens", tokens)
+        if extra_key is not None and not isinstance(extra_key, str):
+            raise InvalidArgumentError(
+                f"extra_key must be a string (a namespace such as a LoRA id or salt) or None, got {extra_key!r}"
+            )
+        aligned = len(tokens) // self.page_size * self.page_size
+        return tuple(tokens[:aligned])
+
+    def _check_handle(self, node: object, action: str) -> None:
+        if not isinstance(node, RadixNode):
+            raise InvalidArgumentError(
+                f"{action} takes a node returned by match(...).node, got {type(node).__name__}"
+            )
+        if node.tree is not self:
+            raise InvalidArgumentError(f"cannot {action} {node!r}: it belongs to another RadixTree")
+        if not node.alive:
+            raise InvalidArgumentError(
+                f"cannot {action} {node!r}: it was evicted; match the prefix again to get a live node"
+            )
+
+    # ------------------------------------------------------------------ internals
+
+    def _tick(self) -> int:
+        self._clock += 1
+        return self._clock
+
+    def _new_node(self, key: tuple[int, ...], value: tuple[int, ...], extra_key: str | None,
+                  parent: RadixNode | None) -> RadixNode:
+        node = RadixNode(self, self._next_id, key, value, extra_key, parent)
+        self._next_id += 1
+        self._num_nodes += 1
+        node.last_access = self._tick()  # TreeNode.__init__: last_access_time = time.monotonic()
+        node.creation_time = self._tick()  # ... then creation_time = time.monotonic()
+        return node
+
+    def _child_key(self, tokens: tuple[int, ...], start: int, extra_key: str | None) -> Hashable:
+        plain: Hashable = tokens[start] if self.page_size == 1 else tokens[start:start + self.page_size]
+        return plain if extra_key is None else (extra_key, plain)
+
+    def _common_len(self, run: tuple[int, ...], tokens: tuple[int, ...], start: int) -> int:
+        """Tokens of ``run`` that equal ``tokens[start:]``, rounded down to whole pages."""
+        size = len(run)
+        if tokens[start:start + size] == run:
+            return size
+        limit = min(size, len(tokens) - start)
+        i = 0
+        while i < limit and run[i] == tokens[start + i]:
+            i += 1
+        return i - i % self.page_size
+
+    def _match_walk(self, tokens: tuple[int, ...], extra_key: str | None) -> MatchResult:
+        now = self._tick()  # _match_prefix_helper: one time.monotonic() for the whole walk
+        node = self.root
+        node.last_access = now
+        pos, end = 0, len(tokens)
+        values: list[tuple[int, ...]] = []
+        while pos < end:
+            child = node.children.get(self._child_key(tokens, pos, extra_key))
+            if child is None:
+                break
+            child.last_access = now
+            self._push_if_evictable(child)
+            common = self._common_len(child.key, tokens, pos)
+            if common < len(child.key):
+                node = self._split(child, common)
+                values.append(node.value)
+                pos += common
+                break
+            values.append(child.value)
+            node = child
+            pos += common
+        return MatchResult(pos, node, tuple(v for run in values for v in run))
+
+    def _insert_walk(self, tokens: tuple[int, ...], extra_key: str | None) -> int:
+        now = self._tick()  # _insert_helper: one time.monotonic() for the whole walk
+        node = self.root
+        node.last_access = now
+        pos, end = 0, len(tokens)
+        if end == 0:
+            return 0
+        child_key = self._child_key(tokens, 0, extra_key)
+        while pos < end and child_key in node.children:
+            node = node.children[child_key]
+            node.last_access = now
+            self._push_if_evictable(node)
+            common = self._common_len(node.key, tokens, pos)
+            pos += common
+            if common < len(node.key):
+                node = self._split(node, common)
+            if pos < end:
+                child_key = self._child_key(tokens, pos, extra_key)
+        if pos < end:
+            leaf = self._new_node(tokens[pos:], self.allocator.alloc(end - pos), extra_key, node)
+            node.children[child_key] = leaf
+            self._evictable_size += end - pos
+            self._push(leaf)
+        return pos
+
+    def _split(self, child: RadixNode, at: int) -> RadixNode:
+        """Cut ``child``'s run at ``at``: a new upper node takes the head, ``child`` keeps the tail."""
+        parent = child.parent
+        assert parent is not None
+        upper = self._new_node(child.key[:at], child.value[:at], child.extra_key, parent)
+        upper.lock_ref = child.lock_ref
+        upper.children = {self._child_key(child.key, at, child.extra_key): child}
+        parent.children[self._child_key(child.key, 0, child.extra_key)] = upper  # same key: same position
+        child.key = child.key[at:]
+        child.value = child.value[at:]
+        child.parent = upper
+        self._split_nodes.append(upper.node_id)
+        return upper
+
+    def _delete_leaf(self, leaf: RadixNode) -> None:
+        parent = leaf.parent
+        assert parent is not None
+        del parent.children[self._child_key(leaf.key, 0, leaf.extra_key)]
+        leaf.alive = False  # the parent link stays, as in SGLang
+        self._evictable_size -= len(leaf.key)
+        self._num_nodes -= 1
+
+    def _push(self, node: RadixNode) -> None:
+        self._pushes += 1
+        heapq.heappush(self._heap, (node.last_access, self._pushes, node))
+        if len(self._heap) > 4 * self._num_nodes + 1024:
+            self._rebuild_heap()
+
+    def _push_if_evictable(self, node: RadixNode) -> None:
+        if node.lock_ref == 0 and not node.children:
+            self._push(node)
+
+    def _is_fresh(self, stamp: int, node: RadixNode) -> bool:
+        return node.alive and node.lock_ref == 0 and not node.children and node.last_access == stamp
+
+    def _pop_evictable(self) -> RadixNode | None:
+        heap = self._heap
+        while heap:
+            stamp, _, node = heapq.heappop(heap)
+            if self._is_fresh(stamp, node):
+                return node
+        return None
+
+    def _rebuild_heap(self) -> None:
+        """Drop stale entries: one entry per evictable leaf (keeps the heap O(nodes))."""
+        self._heap = []
+        for node in self.nodes():
+            if node.parent is not None and node.lock_ref == 0 and not node.children:
+                self._pushes += 1
+                self._heap.append((node.last_access, self._pushes, node))
+        heapq.heapify(self._heap)
+
+    def _begin_op(self) -> None:
+        self._matched_node = None
+        self._split_nodes = []
+        self._evicted_runs = []
+
+    def _record(self, caption: str) -> None:
+        if self.history is not None:
+            self.history.add(caption, self.snapshot())
+
+    def _node_state(self, node: RadixNode) -> RadixNodeState:
+        return RadixNodeState(
+            node_id=node.node_id,
+            key=node.key,
+            lock_ref=node.lock_ref,
+            last_access=node.last_access,
+            children=tuple(self._node_state(c) for c in node.children.values()),
+            extra_key=node.extra_key,
+        )
+
+
+def _show(tokens: Sequence[int]) -> str:
+    if len(tokens) <= 12:
+        return str(list(tokens))
+    return f"[{', '.join(map(str, tokens[:10]))}, ... ({len(tokens)} tokens)]"
+
+
+def _ns(extra_key: str | None) -> str:
+    return "" if extra_key is None else f" (extra_key {extra_key!r})"
+
+
+def format_tree(state: RadixState) -> str:
+    """The tree as indented lines, like the lesson prints it: run, 'locked', access time."""
+    lines = []
+    for depth, node in state.root.walk():
+        if depth == 0:
+            continue
+        ns = f" extra_key={node.extra_key!r}" if node.extra_key is not None else ""
+        locked = " locked" if node.lock_ref > 0 else ""
+        lines.append(f"{'  ' * (depth - 1)}{list(node.key)}{ns}{locked} t={node.last_access}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------- lesson runner
+
+
+@dataclass(frozen=True)
+class Example8:
+    """What example 8 shows, step by step."""
+
+    tree_after_inserts: RadixState
+    token_entries: int  # tokens stored in the tree after the three inserts
+    prompt_tokens: int  # tokens in the three prompts
+    matched_len: int
+    evicted_runs: tuple[tuple[int, ...], ...]
+    evicted_tokens: int
+    evictable_size: int
+    protected_size: int
+    tree_after_evict: RadixState
+    history: History[RadixState]
+
+
+EXAMPLE_8_PROMPTS = (
+    (1, 2, 3, 4, 5, 6, 10, 11),  # system prompt 1..6 + question A
+    (1, 2, 3, 4, 5, 6, 20, 21, 22),  # the same system prompt + question B
+    (1, 2, 3, 4, 5, 6, 10, 11, 30, 31),  # turn 2 of conversation A
+)
+EXAMPLE_8_REQUEST = (1, 2, 3, 4, 5, 6, 20, 21, 22, 40)
+
+
+def example_8() -> Example8:
+    """Three inserts, a match, a lock of its path, and an eviction of 1 token."""
+    tree = RadixTree(page_size=1, record=True)
+    for prompt in EXAMPLE_8_PROMPTS:
+        tree.insert(prompt)
+    after_inserts = tree.snapshot()
+    hit = tree.match(EXAMPLE_8_REQUEST)
+    tree.lock(hit.node)
+    runs = tree.evict(1)
+    assert tree.history is not None
+    return Example8(
+        tree_after_inserts=after_inserts,
+        token_entries=after_inserts.total_tokens,
+        prompt_tokens=sum(len(p) for p in EXAMPLE_8_PROMPTS),
+        matched_len=hit.matched_len,
+        evicted_runs=tuple(runs),
+        evicted_tokens=sum(len(r) for r in runs),
+        evictable_size=tree.evictable_size,
+        protected_size=tree.protected_size,
+        tree_after_evict=tree.snapshot(),
+        history=tree.history,
+    )

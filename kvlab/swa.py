@@ -1,0 +1,484 @@
+"""Prefix reuse on a sliding-window model: llama-server's SWA ring and context checkpoints (example 12).
+
+Sliding-window layers only look at the last ``n_swa`` positions, so llama.cpp
+gives them a small cache (``llama-kv-cache-iswa.cpp``): ``n_swa + n_ubatch``
+cells, padded up to a multiple of 256 and capped at the context (768 cells for
+window 128 at ``-c 4096``). ``--swa-full`` makes it as large as the context.
+Cells are handed out from a moving head, like a ring; a taken cell may be
+overwritten once its position is outside the window of everything cached
+(``find_slot``: pos_max + 1 - pos >= n_swa). After a long prompt the ring holds
+only its last 768 positions.
+
+To continue a cached prompt at ``n_past`` the local layers need the positions
+from ``threshold = max(0, n_past - n_swa)`` on (one less when the whole prompt is
+cached). llama-server's rule (``tools/server/server-context.cpp``), modelled here:
+
+* If the ring's oldest position is at or above the threshold, the ring alone
+  cannot continue there. The server looks through its **context checkpoints**
+  (copies of the slot's SWA state, ``-ctxcp``/``--ctx-checkpoints``, default 32),
+  newest first, for one that ends at or before ``n_past`` and starts below the
+  threshold (or at 0). It restores the first such one and continues from
+  ``min(n_past, max(pos_min + 1, pos_max))`` -- one less than the checkpoint's
+  ``n_tokens`` -- or, with none, logs "forcing full prompt re-processing" and
+  starts from 0.
+* Checkpoints ending after the reuse point are erased as invalidated.
+* If everything is cached, the last token is processed again (logits).
+
+Where checkpoints come from (same file, the prompt loop): the prompt is cut into
+batches of at most ``n_batch`` tokens, and a batch also ends so that the last
+``min(n_batch, 4 + n_ubatch)`` and the last ``min(n_batch, 4)`` tokens start new
+batches (llama.cpp PR 20288), and where a user message starts (the chat endpoint
+knows the message spans; always at the last user message, elsewhere only
+``--checkpoint-min-step`` (8192) after the previous checkpoint). Before a batch is
+decoded, a checkpoint of the state so far is taken when the batch starts the last
+user message or a user message far enough on, or is near the end of the prompt
+(fewer than ``n_ubatch`` tokens left after it). For a 1,841-token ``/completion``
+prompt that gives checkpoints at 1,325 and 1,837 tokens, covering [557, 1324] and
+[1069, 1836] -- the lesson's log lines.
+
+Simplifications: one slot and one sequence; the full-attention layers are not
+drawn (they keep every position); a restored checkpoint's cells are laid out
+from cell 0 in position order; generated tokens are decoded one per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from kvlab.errors import InvalidArgumentError, KvlabError, check_int, check_tokens
+from kvlab.snapshots import History
+
+EMPTY = -1
+
+
+def swa_cache_cells(n_swa: int, n_ctx: int = 4096, n_ubatch: int = 512, n_seq: int = 1, *, swa_full: bool = False) -> int:
+    """Cells of llama.cpp's SWA cache: pad256(min(n_ctx, n_swa * n_seq + n_ubatch)), or n_ctx with --swa-full."""
+    check_int("n_swa", n_swa, minimum=1)
+    check_int("n_ctx", n_ctx, minimum=1)
+    check_int("n_ubatch", n_ubatch, minimum=1)
+    check_int("n_seq", n_seq, minimum=1)
+    if swa_full:
+        return n_ctx
+    need = min(n_ctx, n_swa * n_seq + n_ubatch)
+    return -(-need // 256) * 256
+
+
+@dataclass(frozen=True)
+class SwaConfig:
+    """Server and model settings that decide the ring and the checkpoints (llama-server defaults)."""
+
+    n_swa: int = 128
+    n_ctx: int = 4096
+    n_ubatch: int = 512
+    n_batch: int = 2048
+    swa_full: bool = False
+    ctx_checkpoints: int = 32
+    checkpoint_min_step: int = 8192
+    cache_prompt: bool = True
+
+    def __post_init__(self) -> None:
+        check_int("n_swa", self.n_swa, minimum=1)
+        check_int("n_ctx", self.n_ctx, minimum=2)
+        check_int("n_ubatch", self.n_ubatch, minimum=1)
+        check_int("n_batch", self.n_batch, minimum=1)
+        check_int("ctx_checkpoints", self.ctx_checkpoints, minimum=0)
+        check_int("checkpoint_min_step", self.checkpoint_min_step, minimum=0)
+        for name in ("swa_full", "cache_prompt"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidArgumentError(f"{name} must be True or False")
+        if self.n_ubatch > self.n_batch:
+            raise InvalidArgumentError(f"n_ubatch ({self.n_ubatch}) cannot exceed n_batch ({self.n_batch})")
+
+    @property
+    def cells(self) -> int:
+        return swa_cache_cells(self.n_swa, self.n_ctx, self.n_ubatch, swa_full=self.swa_full)
+
+    @property
+    def makes_checkpoints(self) -> bool:
+        return self.ctx_checkpoints > 0 and not self.swa_full
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A copy of the slot's SWA cells taken when ``n_tokens`` prompt tokens had been processed."""
+
+    pos_min: int
+    pos_max: int
+    n_tokens: int
+    cells: tuple[int, ...] = field(default=(), repr=False, compare=False)
+
+    @property
+    def span(self) -> tuple[int, int]:
+        return (self.pos_min, self.pos_max)
+
+
+@dataclass(frozen=True)
+class CheckpointCheck:
+    """One checkpoint the server looked at, newest first, against the threshold."""
+
+    pos_min: int
+    pos_max: int
+    threshold: int
+    usable: bool
+
+
+@dataclass(frozen=True)
+class SwaRequestRecord:
+    prompt_tokens: int
+    common_prefix: int  # LCP of the slot's tokens and the prompt (n_past before the SWA check)
+    threshold: int  # first position the local layers need to continue there
+    ring_pos_min: int  # oldest position in the ring when the request arrived (-1 if empty)
+    checks: tuple[CheckpointCheck, ...]
+    restored: Checkpoint | None
+    forced_full: bool  # "forcing full prompt re-processing"
+    erased: tuple[Checkpoint, ...]
+    cache_n: int
+    prompt_n: int
+    batches: tuple[tuple[int, int], ...]  # [start, end) of each prompt batch
+    created: tuple[Checkpoint, ...]
+    n_generated: int
+
+
+@dataclass(frozen=True)
+class SwaState:
+    """The slot after one step: ring cells (positions, -1 empty), head, tokens held, checkpoints."""
+
+    cells: tuple[int, ...]
+    head: int
+    n_tokens: int
+    checkpoints: tuple[Checkpoint, ...]
+    batch: tuple[int, int] | None = None  # the batch this step decoded
+    created: Checkpoint | None = None  # checkpoint taken in this step
+    restored: Checkpoint | None = None
+
+    @property
+    def pos_min(self) -> int:
+        held = [p for p in self.cells if p != EMPTY]
+        return min(held) if held else EMPTY
+
+    @property
+    def pos_max(self) -> int:
+        return max(self.cells, default=EMPTY)
+
+
+class SwaRing:
+    """The SWA layers' cells, filled the way llama.cpp's ``find_slot`` fills them."""
+
+    def __init__(self, size: int, n_swa: int) -> None:
+        check_int("size", size, minimum=1)
+        check_int("n_swa", n_swa, minimum=1)
+        self.cells = [EMPTY] * size
+        self.head = 0
+        self.n_swa = n_swa
+
+    @property
+    def used(self) -> int:
+        return sum(1 for p in self.cells if p != EMPTY)
+
+    @property
+    def pos_min(self) -> int:
+        held = [p for p in self.cells if p != EMPTY]
+        return min(held) if held else EMPTY
+
+    @property
+    def pos_max(self) -> int:
+        return max(self.cells)
+
+    def place(self, positions: Sequence[int]) -> None:
+        """Store one ubatch: each position takes the next empty cell, or one that left the window."""
+        n, size = len(positions), len(self.cells)
+        limit = self.pos_max + 1  # cells are masked against what was cached before this ubatch
+        head = 0 if self.head > self.used + 2 * n else self.head
+        idxs: list[int] = []
+        tested = 0
+        while len(idxs) < n:
+            if tested >= size:
+                raise KvlabError(f"the SWA cache ({size} cells) has no room for a ubatch of {n} tokens")
+            if head >= size:
+                head = 0
+            p = self.cells[head]
+            if p == EMPTY or limit - p >= self.n_swa:
+                idxs.append(head)
+            head += 1
+            tested += 1
+        for i, pos in zip(idxs, positions, strict=True):
+            self.cells[i] = pos
+        self.head = idxs[-1] + 1
+
+    def remove_from(self, p0: int) -> None:
+        """``seq_rm(p0, end)``: free every cell at position >= p0; the head moves back to the first freed."""
+        first = None
+        for i, p in enumerate(self.cells):
+            if p != EMPTY and p >= p0:
+                self.cells[i] = EMPTY
+                if first is None:
+                    first = i
+        if first is not None and first < self.head:
+            self.head = first
+
+    def load(self, cells: Sequence[int]) -> None:
+        """Restore a checkpoint: its positions, in order, from cell 0."""
+        held = sorted(p for p in cells if p != EMPTY)
+        self.cells = held + [EMPTY] * (len(self.cells) - len(held))
+        self.head = len(held) % len(self.cells)
+
+
+class SwaSlot:
+    """One llama-server slot on a model with sliding-window layers; records every step in ``history``."""
+
+    def __init__(self, config: SwaConfig | None = None) -> None:
+        if config is None:
+            config = SwaConfig()
+        if not isinstance(config, SwaConfig):
+            raise InvalidArgumentError(f"config must be a SwaConfig, got {type(config).__name__}")
+        self.config = config
+        self.ring = SwaRing(config.cells, config.n_swa)
+        self.tokens: list[int] = []
+        self.checkpoints: list[Checkpoint] = []
+        self.records: list[SwaRequestRecord] = []
+        self.history: History[SwaState] = History()
+        self._snap(f"empty slot: {config.cells} SWA cells")
+
+    # ------------------------------------------------------------------ the request
+
+    def complete(
+        self,
+        prompt: Sequence[int],
+        *,
+        max_tokens: int = 1,
+        user_starts: Sequence[int] = (),
+        generated: Sequence[int] | None = None,
+        cache_prompt: bool | None = None,
+    ) -> SwaRequestRecord:
+        """Serve one request: reuse what the rules allow, process the rest, sample ``max_tokens``.
+
+        ``user_starts`` are the token positions where user messages start (the
+        chat endpoint's message spans; empty for ``/completion``). The last sampled
+        token is never cached, so with ``max_tokens=1`` the slot ends holding
+        exactly the prompt.
+        """
+        cfg = self.config
+        toks = check_tokens("prompt", prompt)
+        check_int("max_tokens", max_tokens, minimum=0)
+        if cache_prompt is None:
+            cache_prompt = cfg.cache_prompt
+        if not isinstance(cache_prompt, bool):
+            raise InvalidArgumentError("cache_prompt must be True or False")
+        starts = check_tokens("user_starts", user_starts, allow_empty=True)
+        if any(not 0 <= s < len(toks) for s in starts) or starts != sorted(set(starts)):
+            raise InvalidArgumentError("user_starts must be increasing positions inside the prompt")
+        if len(toks) >= cfg.n_ctx:
+            raise InvalidArgumentError(f"the prompt has {len(toks)} tokens; the slot holds {cfg.n_ctx}")
+        n_gen = min(max_tokens, cfg.n_ctx - len(toks))
+        gen = list(range(1000, 1000 + n_gen)) if generated is None else check_tokens("generated", generated, allow_empty=True)
+        if len(gen) > n_gen or (max_tokens > 0 and not gen):
+            raise InvalidArgumentError(f"generated must hold 1 to {n_gen} tokens (max_tokens {max_tokens})")
+
+        n = len(toks)
+        n_past = _lcp(self.tokens, toks) if cache_prompt else 0
+        lcp = n_past
+        pos_next = n_past
+        threshold = max(0, pos_next - cfg.n_swa - (0 if n_past < n else 1))
+        ring_min = self.ring.pos_min
+        checks: list[CheckpointCheck] = []
+        restored = None
+        forced = False
+        if 0 < n_past <= len(self.tokens) and ring_min >= threshold:
+            for cp in reversed(self.checkpoints):
+                ok = cp.pos_max <= pos_next and (cp.pos_min < threshold or cp.pos_min == 0)
+                checks.append(CheckpointCheck(cp.pos_min, cp.pos_max, threshold, ok))
+                if ok:
+                    restored = cp
+                    break
+            if restored is not None:
+                self.ring.load(restored.cells)
+                pos_next = min(pos_next, max(restored.pos_min + 1, restored.pos_max))
+                n_past = min(pos_next, restored.n_tokens)
+            else:
+                forced = True
+                pos_next = n_past = 0
+        erased = tuple(cp for cp in self.checkpoints if cp.pos_max > pos_next)
+        self.checkpoints = [cp for cp in self.checkpoints if cp.pos_max <= pos_next]
+        if n_past == n:
+            n_past -= 1
+        cache_n = n_past
+        self.tokens = toks[:n_past]
+        self.ring.remove_from(n_past)
+        if forced:
+            what = "forcing full prompt re-processing"
+        elif restored is not None:
+            what = f"restored checkpoint [{restored.pos_min}, {restored.pos_max}]"
+        else:
+            what = "cache reused"
+        self._snap(f"common prefix {lcp}, needs positions from {threshold}: {what}; cache_n {cache_n}", restored=restored)
+
+        batches, created = self._process_prompt(toks, starts)
+        for t in gen[:-1]:  # each sampled token but the last is decoded in the next step
+            self.ring.place([len(self.tokens)])
+            self.tokens.append(t)
+        if gen:
+            self._snap(f"sampled {len(gen)} token(s); the slot keeps {len(self.tokens)}")
+        rec = SwaRequestRecord(
+            prompt_tokens=n, common_prefix=lcp, threshold=threshold, ring_pos_min=ring_min, checks=tuple(checks),
+            restored=restored, forced_full=forced, erased=erased, cache_n=cache_n, prompt_n=n - cache_n,
+            batches=tuple(batches), created=tuple(created), n_generated=len(gen),
+        )
+        self.records.append(rec)
+        return rec
+
+    def _process_prompt(self, toks: list[int], starts: list[int]) -> tuple[list[tuple[int, int]], list[Checkpoint]]:
+        cfg = self.config
+        n = len(toks)
+        user = set(starts)
+        last_user = starts[-1] if starts else -1
+        offsets = [min(cfg.n_batch, o) for o in (4 + cfg.n_ubatch, 4)]
+        batches: list[tuple[int, int]] = []
+        created: list[Checkpoint] = []
+        while len(self.tokens) < n:
+            do_checkpoint = cfg.makes_checkpoints
+            start = len(self.tokens)
+            end = start
+            while end < n and end - start < cfg.n_batch:
+                end += 1
+                if do_checkpoint and end in user:
+                    prev = self.checkpoints[-1].n_tokens if self.checkpoints else None
+                    if end == last_user or prev is None or end > prev + cfg.checkpoint_min_step:
+                        break
+                if do_checkpoint and any(n == end + o for o in offsets):
+                    break
+            near_end = n < end + cfg.n_ubatch
+            if end < n and start not in user and not near_end:
+                do_checkpoint = False
+            if self.ring.pos_min < 0:  # nothing to copy yet
+                do_checkpoint = False
+            if do_checkpoint and self.checkpoints and not (
+                start == last_user or near_end or start > self.checkpoints[-1].n_tokens + cfg.checkpoint_min_step
+            ):
+                do_checkpoint = False
+            cp = None
+            if do_checkpoint:  # taken before the batch is decoded, so the batch is not in it
+                while len(self.checkpoints) >= cfg.ctx_checkpoints:
+                    self.checkpoints.pop(0)
+                cp = Checkpoint(self.ring.pos_min, self.ring.pos_max, start, tuple(self.ring.cells))
+                self.checkpoints.append(cp)
+                created.append(cp)
+            for u in range(start, end, cfg.n_ubatch):
+                self.ring.place(range(u, min(end, u + cfg.n_ubatch)))
+            self.tokens += toks[start:end]
+            batches.append((start, end))
+            note = f"; checkpoint [{cp.pos_min}, {cp.pos_max}] at {cp.n_tokens} tokens" if cp else ""
+            self._snap(f"decoded batch [{start}, {end}){note}", batch=(start, end), created=cp)
+        return batches, created
+
+    def _snap(self, caption: str, **kw: object) -> None:
+        self.history.add(
+            caption,
+            SwaState(tuple(self.ring.cells), self.ring.head, len(self.tokens), tuple(self.checkpoints), **kw),  # type: ignore[arg-type]
+        )
+
+
+def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
+    m = min(len(a), len(b))
+    i = 0
+    while i < m and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def checkpoint_plan(n_tokens: int, config: SwaConfig | None = None, user_starts: Sequence[int] = ()) -> list[Checkpoint]:
+    """Checkpoints an empty slot creates while processing an ``n_tokens`` prompt."""
+    check_int("n_tokens", n_tokens, minimum=1)
+    slot = SwaSlot(config)
+    return list(slot.complete(list(range(n_tokens)), max_tokens=0, user_starts=user_starts).created)
+
+
+def checkpoint_usable(checkpoint: Checkpoint, n_past: int, n_swa: int) -> bool:
+    """The lesson's rule: ends at or before n_past, and starts below max(0, n_past - n_swa) or at 0."""
+    check_int("n_past", n_past, minimum=0)
+    check_int("n_swa", n_swa, minimum=1)
+    if not isinstance(checkpoint, Checkpoint):
+        raise InvalidArgumentError("checkpoint must be a Checkpoint")
+    threshold = max(0, n_past - n_swa)
+    return checkpoint.pos_max <= n_past and (checkpoint.pos_min < threshold or checkpoint.pos_min == 0)
+
+
+# ---------------------------------------------------------------------- the lesson's runs
+
+
+LESSON_PROMPT = 1841
+LESSON_SHARED = 350
+LESSON_SHORT = 354
+
+
+@dataclass(frozen=True)
+class Example12:
+    """The two requests on each server of the lesson, and the append-only follow-up."""
+
+    ctxcp0: tuple[SwaRequestRecord, SwaRequestRecord]
+    default: tuple[SwaRequestRecord, SwaRequestRecord]
+    swa_full: tuple[SwaRequestRecord, SwaRequestRecord]
+    follow_up: SwaRequestRecord  # on a default server, after the long request only
+    slots: dict[str, SwaSlot]
+
+    def report(self) -> list[str]:
+        """The lesson's reasoning, with every number taken from the simulation."""
+        short = self.default[1]
+        ring_start = short.ring_pos_min
+        lines = [f"position {short.common_prefix} needs SWA entries from {short.threshold}; SWA cache starts at {ring_start}"]
+        lines += [f"checkpoint [{c.pos_min}, {c.pos_max}]: {'usable' if c.usable else 'not usable'}" for c in short.checks]
+        lines.append(
+            "forcing full prompt re-processing: cache_n = 0" if short.forced_full else f"reuse {short.cache_n} tokens"
+        )
+        f = self.follow_up
+        verdict = f"reuse all {f.cache_n} tokens" if not f.forced_full and f.restored is None else "reprocess"
+        lines.append(
+            f"append-only follow-up: needs SWA entries from {f.threshold}, cache starts at {f.ring_pos_min} -> {verdict}"
+        )
+        return lines
+
+
+def example_12(follow_up_tokens: int = 12) -> Example12:
+    """The lesson's three servers: ``-ctxcp 0``, the default, and ``--swa-full -ctxcp 0``.
+
+    Request 1 is 1,841 tokens, request 2 shares its first 350 and adds 4. The
+    first request samples one token, so the slot holds exactly its prompt.
+    """
+    check_int("follow_up_tokens", follow_up_tokens, minimum=1)
+    long_prompt = list(range(10_000, 10_000 + LESSON_PROMPT))
+    short_prompt = long_prompt[:LESSON_SHARED] + list(range(50_000, 50_000 + LESSON_SHORT - LESSON_SHARED))
+    out: dict[str, tuple[SwaRequestRecord, SwaRequestRecord]] = {}
+    slots: dict[str, SwaSlot] = {}
+    for name, cfg in (
+        ("ctxcp0", SwaConfig(ctx_checkpoints=0)),
+        ("default", SwaConfig()),
+        ("swa_full", SwaConfig(swa_full=True, ctx_checkpoints=0)),
+    ):
+        slot = SwaSlot(cfg)
+        out[name] = (slot.complete(long_prompt), slot.complete(short_prompt))
+        slots[name] = slot
+    follow = SwaSlot(SwaConfig())
+    follow.complete(long_prompt)
+    slots["follow_up"] = follow
+    rec = follow.complete(long_prompt + list(range(60_000, 60_000 + follow_up_tokens)))
+    return Example12(out["ctxcp0"], out["default"], out["swa_full"], rec, slots)
+
+
+NOTES_CHAT_PROMPT = 1800
+NOTES_USER_START = 345
+NOTES_CHAT_SECOND = 386
+
+
+def example_12_chat() -> tuple[SwaRequestRecord, SwaRequestRecord, SwaSlot]:
+    """The notes' chat-endpoint run: the last user message starts at token 345 in both requests.
+
+    The second request (350 shared tokens + 36) restores the checkpoint taken
+    where that message starts, with n_past one less than its n_tokens: cache_n
+    344, prompt_n 42; the two later checkpoints are erased.
+    """
+    first = list(range(20_000, 20_000 + NOTES_CHAT_PROMPT))
+    second = first[:LESSON_SHARED] + list(range(70_000, 70_000 + NOTES_CHAT_SECOND - LESSON_SHARED))
+    slot = SwaSlot(SwaConfig())
+    a = slot.complete(first, user_starts=[NOTES_USER_START])
+    b = slot.complete(second, user_starts=[NOTES_USER_START])
+    return a, b, slot

@@ -1,0 +1,152 @@
+"""How much of a pool holds KV: reserve-the-maximum against on-demand blocks (lesson example 3).
+
+Both fills admit requests in arrival order and stop at the first request that
+does not fit, as a first-come-first-served scheduler does (it does not skip
+ahead to a smaller request). Requests only arrive here; none finishes.
+
+* Reserving: every request gets a ``max_len``-slot region in a
+  ``kvlab.contiguous.ContiguousPool``; the unused part of each region is waste.
+* Paged: every request takes ceil(length / block_size) blocks of a
+  ``kvlab.paged.BlockPool`` of ``pool_size // block_size`` blocks; the only
+  waste is the unused tail of each request's last block (at most
+  block_size - 1 slots).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvlab.contiguous import ContiguousPool
+from kvlab.errors import InvalidArgumentError, check_int
+from kvlab.paged import BlockPool
+from kvlab.snapshots import BlockPoolState, ContiguousState, History
+from kvlab.workloads import JavaRandom
+
+
+@dataclass(frozen=True)
+class Fill:
+    """The outcome of filling one pool with requests."""
+
+    method: str
+    pool_size: int
+    requests: int  # admitted before the first refusal
+    tokens_stored: int
+    wasted_slots: int  # held by admitted requests but holding no token
+    history: History | None = None  # ContiguousState or BlockPoolState steps, when recorded
+
+    @property
+    def stored_percent(self) -> float:
+        return 100.0 * self.tokens_stored / self.pool_size
+
+    @property
+    def waste_per_request(self) -> float:
+        return self.wasted_slots / self.requests if self.requests else 0.0
+
+
+@dataclass(frozen=True)
+class Utilization:
+    lengths: tuple[int, ...]
+    reserving: Fill
+    paged: Fill
+
+
+def request_lengths(seed: int = 5, count: int = 40, *, shortest: int = 100, spread: int = 1400) -> list[int]:
+    """``count`` lengths ``shortest + nextInt(spread)`` from Java's ``new Random(seed)``, as the lesson drew them."""
+    check_int("count", count, minimum=0)
+    check_int("shortest", shortest, minimum=1)
+    check_int("spread", spread, minimum=1)
+    rng = JavaRandom(seed)
+    return [shortest + rng.next_int(spread) for _ in range(count)]
+
+
+def fill_reserving(
+    lengths: Sequence[int], *, pool_size: int = 8192, max_len: int = 2048, record: bool = False
+) -> Fill:
+    """Reserve ``max_len`` slots per request, first fit, until one is refused."""
+    lengths = _check_lengths(lengths)
+    check_int("pool_size", pool_size, minimum=1)
+    check_int("max_len", max_len, minimum=1)
+    for i, n in enumerate(lengths):
+        if n > max_len:
+            raise InvalidArgumentError(f"lengths[{i}] = {n} exceeds max_len = {max_len}: raise max_len")
+    pool = ContiguousPool(pool_size, record=record)
+    for i, n in enumerate(lengths):
+        if pool.reserve(f"r{i}", max_len, used=n) is None:
+            break
+    history: History[ContiguousState] | None = pool.history
+    return Fill(
+        f"reserve {max_len} each",
+        pool_size,
+        len(pool.regions),
+        pool.stored,
+        pool.internal_fragmentation,
+        history,
+    )
+
+
+def fill_paged(
+    lengths: Sequence[int], *, pool_size: int = 8192, block_size: int = 16, record: bool = False
+) -> Fill:
+    """Give each request ceil(length / block_size) blocks on demand until one does not fit.
+
+    The pool has ``pool_size // block_size`` blocks (slots that do not make a
+    whole block are not usable). When recording, the last step repeats the
+    final state with a caption naming the request that did not fit.
+    """
+    lengths = _check_lengths(lengths)
+    check_int("pool_size", pool_size, minimum=1)
+    check_int("block_size", block_size, minimum=1)
+    if pool_size < block_size:
+        raise InvalidArgumentError(
+            f"pool_size ({pool_size}) is smaller than one block ({block_size}); raise it"
+        )
+    pool = BlockPool(pool_size // block_size, block_size, record=record)
+    for i, n in enumerate(lengths):
+        need = pool.blocks_needed(n)
+        if need > pool.num_free_blocks:
+            if pool.history is not None:
+                pool.history.add(
+                    f"r{i} ({n} tokens) needs {need} blocks, {pool.num_free_blocks} free: it waits",
+                    pool.snapshot(),
+                )
+            break
+        pool.allocate(f"r{i}", n)
+    stored = sum(pool.seq_len(s) for s in pool.sequences)
+    wasted = pool.num_used_blocks * block_size - stored
+    history: History[BlockPoolState] | None = pool.history
+    return Fill(f"{block_size}-token blocks", pool_size, len(pool.sequences), stored, wasted, history)
+
+
+def compare_utilization(
+    lengths: Sequence[int],
+    *,
+    pool_size: int = 8192,
+    block_size: int = 16,
+    max_len: int = 2048,
+    record: bool = False,
+) -> Utilization:
+    """Fill the same pool both ways with the same requests."""
+    return Utilization(
+        tuple(_check_lengths(lengths)),
+        fill_reserving(lengths, pool_size=pool_size, max_len=max_len, record=record),
+        fill_paged(lengths, pool_size=pool_size, block_size=block_size, record=record),
+    )
+
+
+def example_3(*, record: bool = True) -> Utilization:
+    """Lesson example 3: 40 requests from ``new Random(5)`` in an 8,192-slot pool."""
+    return compare_utilization(
+        request_lengths(5, 40), pool_size=8192, block_size=16, max_len=2048, record=record
+    )
+
+
+def _check_lengths(lengths: object) -> list[int]:
+    if isinstance(lengths, (str, bytes)) or not hasattr(lengths, "__iter__"):
+        raise InvalidArgumentError(
+            f"lengths must be a list of positive integers, got {type(lengths).__name__}"
+        )
+    out = list(lengths)  # type: ignore[call-overload]
+    for i, n in enumerate(out):
+        check_int(f"lengths[{i}]", n, minimum=1)
+    return out

@@ -1,0 +1,175 @@
+"""Small pieces every view uses: reading a history, plain-dict trace primitives, validation.
+
+The views build figures as plain dicts (``{"data": [...], "layout": {...}}``)
+first and turn them into ``go.Figure`` only at the end. Plain dicts are cheap
+to build and to compare, which is what the animations (one dict per frame) and
+the stepper (send only what changed) need.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from kvlab.errors import InvalidArgumentError
+from kvlab.snapshots import History, Step
+from kvlab.views.theme import INK, TEMPLATE_NAME
+
+Spec = dict[str, Any]
+
+
+def steps_of(history: object, state_type: type | tuple[type, ...] | None = None) -> list[tuple[str, Any]]:
+    """(caption, state) pairs from a ``History``, a list of ``Step``, or a plain list of states."""
+    if isinstance(history, History):
+        steps = list(history.steps)
+    elif isinstance(history, (list, tuple)):
+        steps = list(history)
+    else:
+        raise InvalidArgumentError(
+            f"expected a kvlab History (a model built with record=True keeps one as .history) "
+            f"or a list of snapshots, got {type(history).__name__}"
+        )
+    if not steps:
+        raise InvalidArgumentError("the history is empty: record at least one snapshot (record=True on the model)")
+    out: list[tuple[str, Any]] = []
+    for i, item in enumerate(steps):
+        if isinstance(item, Step):
+            caption, state = item.caption, item.state
+        else:
+            caption, state = f"snapshot {i}", item
+        if state_type is not None and not isinstance(state, state_type):
+            names = state_type.__name__ if isinstance(state_type, type) else " or ".join(t.__name__ for t in state_type)
+            raise InvalidArgumentError(f"step {i} holds a {type(state).__name__}, but this view needs a {names}")
+        out.append((str(caption), state))
+    return out
+
+
+def check_state(name: str, state: object, state_type: type) -> None:
+    if not isinstance(state, state_type):
+        raise InvalidArgumentError(
+            f"{name} must be a kvlab.snapshots.{state_type.__name__}, got {type(state).__name__}; "
+            f"take one with model.snapshot() or from model.history"
+        )
+
+
+def check_title(title: object) -> str | None:
+    if title is not None and not isinstance(title, str):
+        raise InvalidArgumentError(f"title must be a string or None, got {type(title).__name__}")
+    return title
+
+
+def title_text(title: str, subtitle: str | None = None) -> dict[str, Any]:
+    text = f"<b>{title}</b>"
+    if subtitle:
+        text += f"<br><span style='font-size:12px'>{subtitle}</span>"
+    return {"text": text}
+
+
+def top_margin(subtitle_lines: int, axis_on_top: bool = False) -> int:
+    """Room above the plot for the title, its subtitle lines and, when there, a top axis with its title."""
+    return 44 + 17 * subtitle_lines + (44 if axis_on_top else 6)
+
+
+def base_layout(title: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    layout: dict[str, Any] = {"template": TEMPLATE_NAME, "title": dict(title)}
+    layout.update(extra)
+    height = extra.get("height")
+    if height:  # pin the title a few pixels below the top edge, whatever the height
+        layout["title"]["y"] = 1 - 10 / height
+    return layout
+
+
+def legend_entry(name: str, color: str, *, symbol: str = "square", group: str | None = None,
+                 line_color: str = INK, size: int = 14, visible: bool = True) -> dict[str, Any]:
+    """A trace with no points that only puts a coloured swatch and a name in the legend."""
+    return {
+        "type": "scatter", "x": [None], "y": [None], "mode": "markers", "name": name,
+        "marker": {"symbol": symbol, "size": size, "color": color, "line": {"color": line_color, "width": 1}},
+        "showlegend": visible, "hoverinfo": "skip", "legendgroup": group or name,
+    }  # fmt: skip
+
+
+def rect_path(cells: Iterable[tuple[float, float]], half_w: float = 0.5, half_h: float = 0.5,
+              inset: float = 0.0) -> tuple[list[float | None], list[float | None]]:
+    """x and y lists drawing one closed rectangle around each (x, y) centre, separated by gaps."""
+    xs: list[float | None] = []
+    ys: list[float | None] = []
+    for x, y in cells:
+        x0, x1 = x - half_w + inset, x + half_w - inset
+        y0, y1 = y - half_h + inset, y + half_h - inset
+        xs += [x0, x1, x1, x0, x0, None]
+        ys += [y0, y0, y1, y1, y0, None]
+    return xs, ys
+
+
+def cross_path(cells: Iterable[tuple[float, float]], half: float = 0.32) -> tuple[list[float | None], list[float | None]]:
+    """x and y lists drawing an X over each cell centre."""
+    xs: list[float | None] = []
+    ys: list[float | None] = []
+    for x, y in cells:
+        xs += [x - half, x + half, None, x - half, x + half, None]
+        ys += [y - half, y + half, None, y + half, y - half, None]
+    return xs, ys
+
+
+def line_trace(name: str, xs: list, ys: list, *, color: str, dash: str = "solid", width: float = 3,
+               xaxis: str = "x", yaxis: str = "y", legend: bool = True, group: str | None = None) -> dict[str, Any]:
+    return {
+        "type": "scatter", "x": xs, "y": ys, "mode": "lines", "name": name,
+        "line": {"color": color, "dash": dash, "width": width},
+        "hoverinfo": "skip", "showlegend": legend and bool(xs), "legendgroup": group or name,
+        "xaxis": xaxis, "yaxis": yaxis, "connectgaps": False,
+    }  # fmt: skip
+
+
+def discrete_colorscale(colors: Sequence[str]) -> list[list[Any]]:
+    """A colorscale that maps the integer codes 0..n-1 (with zmin=-0.5, zmax=n-0.5) to ``colors``."""
+    n = len(colors)
+    scale: list[list[Any]] = []
+    for i, c in enumerate(colors):
+        scale.append([i / n, c])
+        scale.append([(i + 1) / n, c])
+    return scale
+
+
+def tokens_text(tokens: Sequence[int], limit: int = 12) -> str:
+    """A token list for hover text, cut after ``limit`` ids."""
+    if len(tokens) <= limit:
+        return "[" + ", ".join(map(str, tokens)) + "]"
+    return "[" + ", ".join(map(str, tokens[:limit])) + f", … {len(tokens) - limit} more]"
+
+
+def run_label(tokens: Sequence[int], limit: int = 6) -> str:
+    """A compact token run for a box label: the whole run when short, else its ends and length."""
+    if len(tokens) <= limit:
+        return "[" + ", ".join(map(str, tokens)) + "]"
+    return f"[{tokens[0]}, {tokens[1]}, … {tokens[-1]}] ({len(tokens)})"
+
+
+def field(record: object, *names: str, default: Any = ...) -> Any:
+    """The first of ``names`` that ``record`` has, as a mapping key or an attribute."""
+    for name in names:
+        if isinstance(record, Mapping):
+            if name in record:
+                return record[name]
+        elif hasattr(record, name):
+            return getattr(record, name)
+    if default is not ...:
+        return default
+    raise InvalidArgumentError(
+        f"a record ({type(record).__name__}) has none of the fields {', '.join(names)}: "
+        f"pass plain numbers or records with one of these fields"
+    )
+
+
+def check_number(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        try:
+            import numpy as np
+
+            if isinstance(value, (np.integer, np.floating)):
+                return float(value)
+        except ImportError:  # pragma: no cover
+            pass
+        raise InvalidArgumentError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+    return float(value)

@@ -1,0 +1,146 @@
+"""Colours, the plotly template, and renderer setup shared by every view.
+
+The palette is Okabe and Ito's, chosen so that readers with the common forms
+of colour blindness can still tell every pair apart; where two meanings could
+still be confused (a hit and a new block, say) the views add a second cue: a
+line style, a cross, a hatch or a text label.
+"""
+
+from __future__ import annotations
+
+import os
+
+import plotly.graph_objects as go
+import plotly.io as pio
+
+from kvlab.errors import InvalidArgumentError
+
+# Okabe-Ito, by name.
+BLACK = "#000000"
+ORANGE = "#E69F00"
+SKY_BLUE = "#56B4E9"
+GREEN = "#009E73"
+YELLOW = "#F0E442"
+BLUE = "#0072B2"
+VERMILLION = "#D55E00"
+PURPLE = "#CC79A7"
+GREY = "#9E9E9E"
+LIGHT_GREY = "#E6E6E6"
+INK = "#222222"  # text and outlines
+
+OKABE_ITO = (ORANGE, SKY_BLUE, GREEN, YELLOW, BLUE, VERMILLION, PURPLE, BLACK)
+
+#: One colour per block status, in the order of ``BlockState.status`` values a student meets them.
+STATUS_COLORS: dict[str, str] = {
+    "never used": LIGHT_GREY,
+    "in use": BLUE,
+    "free, cached": ORANGE,
+    "free": SKY_BLUE,
+    "null": "#444444",
+}
+STATUSES: tuple[str, ...] = tuple(STATUS_COLORS)
+
+#: What the status means, for legends and hover text.
+STATUS_MEANING: dict[str, str] = {
+    "never used": "never handed out",
+    "in use": "held by at least one block table",
+    "free, cached": "free, still holds a cached prefix (can be hit until handed out again)",
+    "free": "free, its old content is not cached",
+    "null": "reserved null block, never handed out",
+}
+
+#: Marks for what the last operation did (a line style or symbol as well as a colour).
+MARK_STYLES: dict[str, dict[str, object]] = {
+    "hit": {"color": GREEN, "dash": "solid", "label": "hit (reused by this op)"},
+    "new": {"color": PURPLE, "dash": "dot", "label": "newly allocated by this op"},
+    "evicted": {"color": VERMILLION, "dash": "solid", "label": "cached content evicted by this op (×)"},
+    "copied": {"color": BLACK, "dash": "dash", "label": "copy-on-write target of this op"},
+    "freed": {"color": INK, "dash": "dashdot", "label": "joined the queue in this op"},
+    "highlight": {"color": BLACK, "dash": "solid", "label": "the chosen token's block"},
+}
+
+#: Region parts of the contiguous strip.
+REGION_COLORS: dict[str, str] = {
+    "stores KV": BLUE,
+    "reserved, unused": ORANGE,
+    "free gap": LIGHT_GREY,
+}
+
+#: Radix-tree node kinds.
+NODE_COLORS: dict[str, str] = {
+    "root": "#444444",
+    "unlocked": SKY_BLUE,
+    "locked": BLUE,
+    "split by this op": YELLOW,
+    "evicted by this op": "#FFFFFF",
+}
+
+#: Hash-chain cells.
+CHAIN_COLORS: dict[str, str] = {
+    "same as the first row": GREEN,
+    "changed": VERMILLION,
+    "partial block (not hashed)": LIGHT_GREY,
+}
+
+FONT_FAMILY = "DejaVu Sans, Helvetica, Arial, sans-serif"
+MONO_FAMILY = "DejaVu Sans Mono, Menlo, Consolas, monospace"
+
+TEMPLATE_NAME = "kvlab"
+
+
+def _make_template() -> go.layout.Template:
+    base = pio.templates["plotly_white"]
+    template = go.layout.Template(base)
+    template.layout.update(
+        font={"family": FONT_FAMILY, "size": 13, "color": INK},
+        colorway=list(OKABE_ITO),
+        paper_bgcolor="white",
+        plot_bgcolor="white",
+        hoverlabel={"font": {"family": MONO_FAMILY, "size": 12}, "align": "left"},
+        legend={"bgcolor": "rgba(255,255,255,0.85)", "bordercolor": LIGHT_GREY, "borderwidth": 1},
+        title={"x": 0.01, "xanchor": "left", "font": {"size": 16}, "yref": "container", "y": 1,
+               "yanchor": "top", "pad": {"t": 12}},
+        margin={"l": 70, "r": 30, "t": 70, "b": 60},
+    )
+    return template
+
+
+pio.templates[TEMPLATE_NAME] = _make_template()
+
+#: Renderers that show a figure in JupyterLab and VS Code (the plotly mimetype) and in exported
+#: HTML (the ``notebook`` renderer writes plotly.js into the notebook once, so no network is needed).
+DEFAULT_RENDERER = "plotly_mimetype+notebook"
+
+
+def setup(renderer: str | None = None) -> str:
+    """Make figures show in JupyterLab, VS Code and exported HTML, offline; return the renderer used.
+
+    ``renderer`` overrides the choice (any name ``plotly.io.renderers`` knows,
+    or several joined with ``+``). Without it the ``PLOTLY_RENDERER``
+    environment variable wins when set, and ``plotly_mimetype+notebook``
+    otherwise: the mimetype draws the figure in JupyterLab and VS Code, and the
+    inlined HTML copy is what nbconvert, nbviewer and static sites show.
+    """
+    if renderer is None:
+        renderer = os.environ.get("PLOTLY_RENDERER") or DEFAULT_RENDERER
+    if not isinstance(renderer, str) or not renderer:
+        raise InvalidArgumentError(f"renderer must be a non-empty string, got {renderer!r}")
+    known = set(pio.renderers)
+    unknown = [name for name in renderer.split("+") if name not in known]
+    if unknown:
+        raise InvalidArgumentError(
+            f"unknown plotly renderer(s) {unknown}: use one of {', '.join(sorted(known))}, joined with '+'"
+        )
+    pio.renderers.default = renderer
+    pio.templates.default = f"plotly_white+{TEMPLATE_NAME}"
+    return renderer
+
+
+def in_notebook_kernel() -> bool:
+    """True inside a Jupyter kernel (JupyterLab, VS Code, nbclient), where ``setup`` should run."""
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover - IPython ships with ipywidgets
+        return False
+    shell = get_ipython()
+    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"

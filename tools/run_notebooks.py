@@ -1,0 +1,164 @@
+"""Execute course notebooks in fresh kernels, as shipped or with the solutions filled in.
+
+    python tools/run_notebooks.py                      # every notebook, as shipped
+    python tools/run_notebooks.py --solutions 01 03    # notebooks 01 and 03, solved
+    python tools/run_notebooks.py --both --jobs 2      # all, both ways, two at a time
+
+Each run starts a new kernel with the working directory notebooks/ and
+$KVLAB_EXERCISE_LOG pointing at a temporary file, so every ``check`` and
+``compare_table`` call leaves a JSON line; the run's record carries those
+lines, the first cell error (if any) and the seconds it took. The notebook
+tests (tests/test_notebooks.py) and benchmarks/notebooks.py use ``run_notebook``
+and ``run_many`` from here; nothing is written back to the notebooks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import runpy
+import sys
+import tempfile
+import time
+from concurrent.futures import Future, ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "notebooks"
+SOLUTIONS = ROOT / "solutions"
+CELL_TIMEOUT = int(os.environ.get("KVLAB_NOTEBOOK_CELL_TIMEOUT", "180"))
+
+
+def notebook_paths(selectors: list[str] | None = None) -> list[Path]:
+    """Course notebooks in order; ``selectors`` are numbers ("01") or file names to keep."""
+    paths = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    if not selectors:
+        return paths
+    chosen = [p for p in paths if any(p.name == s or p.stem == s or p.name[:2] == s for s in selectors)]
+    missing = [s for s in selectors if not any(p.name == s or p.stem == s or p.name[:2] == s for p in paths)]
+    if missing:
+        raise SystemExit(f"no notebook matches {', '.join(missing)} in {NOTEBOOKS}")
+    return chosen
+
+
+def exercise_cells(nb: Any) -> dict[str, int]:
+    """Exercise id -> index of the code cell marked with metadata {"kvlab": {"exercise": id}}."""
+    out: dict[str, int] = {}
+    for i, cell in enumerate(nb.cells):
+        ex = cell.get("metadata", {}).get("kvlab", {}).get("exercise")
+        if ex is not None:
+            if ex in out:
+                raise ValueError(f"exercise {ex} is marked on cells {out[ex]} and {i}")
+            out[ex] = i
+    return out
+
+
+def load_solutions(notebook: Path) -> dict[str, str]:
+    """The ``SOLUTIONS`` mapping of solutions/<notebook stem>.py ({} when there is no such file)."""
+    path = SOLUTIONS / f"{notebook.stem}.py"
+    if not path.exists():
+        return {}
+    solutions = runpy.run_path(str(path)).get("SOLUTIONS")
+    if not isinstance(solutions, dict):
+        raise ValueError(f"{path} must define SOLUTIONS = {{exercise id: cell source}}")
+    return solutions
+
+
+def fill_solutions(nb: Any, solutions: dict[str, str]) -> Any:
+    """Replace each exercise cell's source with its solution; every cell and solution must pair up."""
+    cells = exercise_cells(nb)
+    if set(cells) != set(solutions):
+        raise ValueError(
+            f"exercise cells {sorted(cells)} and solutions {sorted(solutions)} differ: "
+            "each exercise cell needs exactly one solution"
+        )
+    for ex, index in cells.items():
+        nb.cells[index].source = solutions[ex]
+    return nb
+
+
+def run_notebook(path: str | Path, solved: bool = False, timeout: int = CELL_TIMEOUT) -> dict[str, Any]:
+    """Execute one notebook top to bottom in a fresh kernel; never raises for a notebook's own failure."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+
+    path = Path(path)
+    record: dict[str, Any] = {"notebook": path.stem, "mode": "solved" if solved else "shipped", "error": None}
+    nb = nbformat.read(path, as_version=4)
+    with tempfile.TemporaryDirectory(prefix="kvlab-nb-") as tmp:
+        log = Path(tmp) / "checks.jsonl"
+        env = {**os.environ, "KVLAB_EXERCISE_LOG": str(log), "PYTHONHASHSEED": "0", "MPLBACKEND": "Agg"}
+        start = time.perf_counter()
+        try:
+            if solved:
+                fill_solutions(nb, load_solutions(path))
+            client = NotebookClient(
+                nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+            )
+            client.execute(env=env)
+        except CellExecutionError as exc:
+            record["error"] = _short_error(str(exc))
+        except (CellTimeoutError, DeadKernelError, TimeoutError, RuntimeError, ValueError) as exc:
+            record["error"] = f"{type(exc).__name__}: {_short_error(str(exc))}"
+        record["seconds"] = round(time.perf_counter() - start, 2)
+        lines = log.read_text(encoding="utf-8").splitlines() if log.exists() else []
+    events = [json.loads(line) for line in lines if line.strip()]
+    record["checks"] = [e for e in events if "id" in e]
+    record["compares"] = [e for e in events if "compare" in e]
+    return record
+
+
+def _short_error(text: str, limit: int = 3000) -> str:
+    return text if len(text) <= limit else text[:limit] + "\n[...]"
+
+
+def run_many(jobs: list[tuple[Path, bool]], workers: int | None = None) -> list[Future]:
+    """Start ``(notebook, solved)`` runs on ``workers`` processes (default: up to 2); one future per job."""
+    workers = workers or int(os.environ.get("KVLAB_NOTEBOOK_WORKERS", "0")) or min(2, os.cpu_count() or 1)
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+    futures = [pool.submit(run_notebook, path, solved) for path, solved in jobs]
+    pool.shutdown(wait=False)  # the workers exit once the queued runs are done
+    return futures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("notebooks", nargs="*", help="numbers (01) or file names; default: all")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--solutions", action="store_true", help="fill in the solutions first")
+    mode.add_argument("--both", action="store_true", help="run each notebook as shipped and solved")
+    parser.add_argument("--jobs", type=int, default=None, help="kernels at once (default: up to 2)")
+    parser.add_argument("--json", metavar="FILE", help="also write the run records to FILE")
+    args = parser.parse_args(argv)
+
+    paths = notebook_paths(args.notebooks)
+    modes = [False, True] if args.both else [args.solutions]
+    jobs = [(p, solved) for p in paths for solved in modes]
+    start = time.perf_counter()
+    records = [f.result() for f in run_many(jobs, args.jobs)]
+    wall = time.perf_counter() - start
+    failed = 0
+    for r in records:
+        statuses = ", ".join(f"{c['id']} {c['status']}" for c in r["checks"]) or "no checks"
+        bad_compares = [c["compare"] for c in r["compares"] if not c["ok"]]
+        ok = r["error"] is None and not bad_compares
+        failed += not ok
+        print(
+            f"{r['notebook']:<34}{r['mode']:<8}{r['seconds']:>7.1f}s  {'ok' if ok else 'FAILED'}  {statuses}"
+        )
+        if r["error"]:
+            print("    " + r["error"].replace("\n", "\n    "))
+        for title in bad_compares:
+            print(f"    figures differ from the lesson in: {title}")
+    print(f"{len(records)} runs in {wall:.1f}s wall time")
+    if args.json:
+        Path(args.json).write_text(json.dumps(records, indent=1), encoding="utf-8")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
