@@ -856,21 +856,24 @@ _OTHER_WORK_SALT = "other-work"  # the busy blocks' chains can never meet the ch
 
 
 def _check_engine_fits(config: FleetConfig, traffic: ChatTraffic, busy_blocks: int) -> None:
-    """Refuse, before anything runs, a pool that cannot hold the busy blocks plus the largest request."""
+    """Refuse, before anything runs, pools that cannot hold the busy blocks plus their largest request."""
     if config.capacity_blocks == 0:
         return
     shares = replica_capacities(config.capacity_blocks, config.replicas)
+    largest = [0] * config.replicas  # blocks of the largest request each replica gets
     for req, (prompt_len, answer_len) in zip(traffic.requests, _lengths(traffic, config), strict=True):
         replica = route(config, req.clock, req.user)
-        need = -(-(prompt_len + answer_len) // config.block_size)
-        if need + busy_blocks > shares[replica]:
-            busy = f" besides {busy_blocks:,} busy blocks" if busy_blocks else ""
-            raise InvalidArgumentError(
-                f"the engine model cannot run request {req.clock}: its {prompt_len + answer_len:,} tokens need "
-                f"{need} blocks{busy}, but replica {replica} has {shares[replica]:,}; give capacity_blocks of at "
-                f"least {(need + busy_blocks) * config.replicas:,}"
-                + (" or fewer busy blocks" if busy_blocks else "")
-            )
+        largest[replica] = max(largest[replica], -(-(prompt_len + answer_len) // config.block_size))
+    short = [r for r in range(config.replicas) if largest[r] and largest[r] + busy_blocks > shares[r]]
+    if short:
+        r = short[0]
+        busy = f" plus {busy_blocks:,} busy blocks" if busy_blocks else ""
+        raise InvalidArgumentError(
+            f"the engine model cannot run this traffic: replica {r} has {shares[r]:,} blocks, but its largest "
+            f"request needs {largest[r]:,}{busy}; give capacity_blocks of at least "
+            f"{(max(largest) + busy_blocks) * config.replicas:,}"
+            + (" or fewer busy blocks" if busy_blocks else "")
+        )
 
 
 def _run_engine(

@@ -90,3 +90,21 @@ def short(digest: bytes, nbytes: int = 4) -> str:
 def _check_scheme(scheme: str) -> None:
     if scheme not in SCHEMES:
         raise InvalidArgumentError(f"unknown hash scheme {scheme!r}: use one of {', '.join(SCHEMES)}")
+
+
+LESSON_EXAMPLE_6_BASE = (11, 12, 13, 14, 21, 22, 23, 24, 31, 32, 33, 34, 41, 42)
+
+
+def example_6(scheme: str = "lesson") -> dict[str, list[bytes]]:
+    """The lesson's example 6: chains for a base sequence, a late edit (token 9),
+    an early edit (token 1) and the base with salt ``"tenant-b"``, 4-token blocks."""
+    base = list(LESSON_EXAMPLE_6_BASE)
+    late, early = list(base), list(base)
+    late[9] = 99
+    early[1] = 99
+    return {
+        "base": block_hashes(base, 4, scheme=scheme),
+        "late edit": block_hashes(late, 4, scheme=scheme),
+        "early edit": block_hashes(early, 4, scheme=scheme),
+        "cache salt": block_hashes(base, 4, salt="tenant-b", scheme=scheme),
+    }

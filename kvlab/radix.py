@@ -61,9 +61,9 @@ Eviction strategies other than LRU (lfu, fifo, priority...) are not modelled.
 from __future__ import annotations
 
 import heapq
-from collections import deque
-from collections.abc import Hashable, Iterable, Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import chain
 
 from kvlab.errors import InvalidArgumentError, check_int, check_tokens
 from kvlab.snapshots import History, RadixNodeState, RadixState
@@ -90,31 +90,33 @@ class SlotAllocator:
 
     def __init__(self) -> None:
         self._next_fresh = 0
-        self._free: deque[int] = deque()
+        self._free: list[int] = []  # freed slots; the live part starts at _head
+        self._head = 0
         self.in_use: set[int] = set()
         self.allocated_total = 0
         self.freed_total = 0
 
     def alloc(self, n: int) -> tuple[int, ...]:
-        out = []
-        for _ in range(n):
-            if self._free:
-                slot = self._free.popleft()
-            else:
-                slot = self._next_fresh
-                self._next_fresh += 1
-            out.append(slot)
+        take = min(n, len(self._free) - self._head)
+        out = self._free[self._head:self._head + take]
+        self._head += take
+        if self._head > 4096 and 2 * self._head > len(self._free):
+            del self._free[:self._head]
+            self._head = 0
+        fresh = n - take
+        if fresh:
+            out.extend(range(self._next_fresh, self._next_fresh + fresh))
+            self._next_fresh += fresh
         self.in_use.update(out)
         self.allocated_total += n
         return tuple(out)
 
-    def free(self, slots: Iterable[int]) -> None:
-        for slot in slots:
-            if slot not in self.in_use:  # a bug in the tree, never a user error
-                raise RuntimeError(f"slot {slot} freed twice")
-            self.in_use.remove(slot)
-            self._free.append(slot)
-            self.freed_total += 1
+    def free(self, slots: Sequence[int]) -> None:
+        if not self.in_use.issuperset(slots) or len(set(slots)) != len(slots):
+            raise RuntimeError(f"a slot of {list(slots)[:8]} is freed twice")  # a bug in the tree, not user error
+        self.in_use.difference_update(slots)
+        self._free.extend(slots)
+        self.freed_total += len(slots)
 
 
 class RadixNode:
@@ -249,11 +251,7 @@ class RadixTree:
         """
         tokens = self._check_key(tokens, extra_key)
         self._begin_op()
-        n = len(tokens)
-        if n == 0:
-            result = MatchResult(0, self.root, ())
-        else:
-            result = self._match_walk(tokens, extra_key)
+        result = self._match_walk(tokens, extra_key) if tokens else MatchResult(0, self.root, ())
         self._matched_node = result.node.node_id
         self._record(f"match {_show(tokens)}{_ns(extra_key)}: {result.matched_len} tokens cached")
         return result
@@ -278,7 +276,7 @@ class RadixTree:
         """
         self._check_handle(node, "lock")
         self._begin_op()
-        caption = f"lock node #{node.node_id} ({len(node.prefix())} tokens to the root)"
+        caption = f"lock node #{node.node_id} ({_depth_tokens(node)} tokens to the root)"
         delta = 0
         while node.parent is not None:
             if node.lock_ref == 0:
@@ -305,7 +303,7 @@ class RadixTree:
                 f"cannot unlock {node!r}: it is not locked; unlock only what a lock call locked"
             )
         self._begin_op()
-        caption = f"unlock node #{node.node_id} ({len(node.prefix())} tokens to the root)"
+        caption = f"unlock node #{node.node_id} ({_depth_tokens(node)} tokens to the root)"
         delta = 0
         while node.parent is not None:
             if node.lock_ref == 1:
@@ -368,7 +366,10 @@ class RadixTree:
     # ------------------------------------------------------------------ validation
 
     def _check_key(self, tokens: object, extra_key: object) -> tuple[int, ...]:
-        tokens = check_tokens("tokens", tokens)
+        if type(tokens) in (list, tuple) and tokens and set(map(type, tokens)) == {int}:  # type: ignore[arg-type]
+            tokens = list(tokens)  # type: ignore[call-overload]  # the fast path: plain ints only
+        else:
+            tokens = check_tokens("tokens", tokens)
         if extra_key is not None and not isinstance(extra_key, str):
             raise InvalidArgumentError(
                 f"extra_key must be a string (a namespace such as a LoRA id or salt) or None, got {extra_key!r}"
@@ -439,7 +440,7 @@ class RadixTree:
             values.append(child.value)
             node = child
             pos += common
-        return MatchResult(pos, node, tuple(v for run in values for v in run))
+        return MatchResult(pos, node, tuple(chain.from_iterable(values)))
 
     def _insert_walk(self, tokens: tuple[int, ...], extra_key: str | None) -> int:
         now = self._tick()  # _insert_helper: one time.monotonic() for the whole walk
@@ -536,6 +537,14 @@ class RadixTree:
             children=tuple(self._node_state(c) for c in node.children.values()),
             extra_key=node.extra_key,
         )
+
+
+def _depth_tokens(node: RadixNode) -> int:
+    total = 0
+    while node.parent is not None:
+        total += len(node.key)
+        node = node.parent
+    return total
 
 
 def _show(tokens: Sequence[int]) -> str:

@@ -27,10 +27,14 @@ class JavaRandom:
 
     def __init__(self, seed: int) -> None:
         check_int("seed", seed)
+        if not -(2**63) <= seed < 2**63:
+            raise InvalidArgumentError(f"seed must fit a Java long (-2**63 <= seed < 2**63), got {seed}")
         self._seed = (seed ^ _MULTIPLIER) & _MASK
 
     def next_bits(self, bits: int) -> int:
         """Java's protected ``next(bits)``: the top ``bits`` bits of the next state, as a signed int."""
+        if not 1 <= bits <= 32:
+            raise InvalidArgumentError(f"bits must be between 1 and 32, got {bits!r}")
         self._seed = (self._seed * _MULTIPLIER + _ADDEND) & _MASK
         return _to_int32(self._seed >> (48 - bits))
 

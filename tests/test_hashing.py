@@ -165,3 +165,15 @@ def test_short():
     digest = bytes(range(32))
     assert short(digest) == "00010203"
     assert short(digest, 2) == "0001"
+
+
+def test_example_6_runner_reproduces_the_lesson() -> None:
+    from kvlab.hashing import example_6, short
+
+    chains = {name: [short(h) for h in hashes] for name, hashes in example_6().items()}
+    assert chains == {
+        "base": ["6cfd527e", "9f569157", "e0297480"],
+        "late edit": ["6cfd527e", "9f569157", "6417173d"],
+        "early edit": ["f896424a", "becafd48", "11e3be4a"],
+        "cache salt": ["6057b827", "793c15f6", "099ad05f"],
+    }

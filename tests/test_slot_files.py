@@ -204,8 +204,8 @@ shapes = st.builds(
 
 
 @settings(max_examples=40, deadline=None)
-@given(shapes, st.lists(st.integers(0, 2**31 - 1), max_size=20), st.integers(0, 5))
-def test_encode_decode_round_trip(shape, tokens, seed, tmp_path_factory):
+@given(shape=shapes, tokens=st.lists(st.integers(0, 2**31 - 1), max_size=20), seed=st.integers(0, 5))
+def test_encode_decode_round_trip(tmp_path_factory, shape, tokens, seed):
     keys, values = synthetic_kv(shape, tokens, seed=seed)
     data = SlotData(shape, tuple(tokens), keys, values)
     blob = encode_slot(data)

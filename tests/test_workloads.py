@@ -141,3 +141,17 @@ def test_shuffle_needs_a_list(items):
     with pytest.raises(KvlabError, match="shuffle needs a list"):
         r.shuffle(items)
     assert r.next_int(1400) == fresh.next_int(1400)
+
+
+def test_seed_outside_a_java_long_and_bad_bit_counts_are_rejected() -> None:
+    import pytest
+
+    from kvlab.errors import InvalidArgumentError
+    from kvlab.workloads import JavaRandom
+
+    with pytest.raises(InvalidArgumentError, match="Java long"):
+        JavaRandom(2**63)
+    rnd = JavaRandom(1)
+    with pytest.raises(InvalidArgumentError, match="between 1 and 32"):
+        rnd.next_bits(33)
+    assert rnd.next_int(10) == JavaRandom(1).next_int(10)  # the rejected call drew nothing

@@ -9,20 +9,20 @@ $KVLAB_EXERCISE_LOG pointing at a temporary file, so every ``check`` and
 ``compare_table`` call leaves a JSON line; the run's record carries those
 lines, the first cell error (if any) and the seconds it took. The notebook
 tests (tests/test_notebooks.py) and benchmarks/notebooks.py use ``run_notebook``
-and ``run_many`` from here; nothing is written back to the notebooks.
+and ``run_many`` from here; nothing is written back to the notebooks. Set
+KVLAB_NOTEBOOK_CELL_TIMEOUT (seconds, default 180) and KVLAB_NOTEBOOK_WORKERS to change the limits.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
 import runpy
 import sys
 import tempfile
 import time
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -117,11 +117,17 @@ def _short_error(text: str, limit: int = 3000) -> str:
 
 
 def run_many(jobs: list[tuple[Path, bool]], workers: int | None = None) -> list[Future]:
-    """Start ``(notebook, solved)`` runs on ``workers`` processes (default: up to 2); one future per job."""
+    """Start ``(notebook, solved)`` runs, ``workers`` at a time (default: up to 2); one future per job.
+
+    Threads are enough: each run's work happens in its own kernel process, and a thread costs
+    nothing to start, where a worker process would import nbclient again.
+    """
+    import nbclient  # noqa: F401  (import once here, not in each thread at the same time)
+
     workers = workers or int(os.environ.get("KVLAB_NOTEBOOK_WORKERS", "0")) or min(2, os.cpu_count() or 1)
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="notebook")
     futures = [pool.submit(run_notebook, path, solved) for path, solved in jobs]
-    pool.shutdown(wait=False)  # the workers exit once the queued runs are done
+    pool.shutdown(wait=False)  # the threads end once the queued runs are done
     return futures
 
 

@@ -251,13 +251,16 @@ def _check_highlight(state: BlockPoolState, highlight: object) -> tuple[str, int
 
 def block_pool_spec(state: BlockPoolState, previous: BlockPoolState | None = None, *,
                     highlight: tuple[str, int] | None = None, title: str | None = None,
-                    caption: str | None = None, strict: bool = True) -> Spec:
+                    caption: str | None = None, strict: bool = True, table_rows: int = 0,
+                    table_cols: int = 0) -> Spec:
     """The physical blocks as a grid coloured by status, and the block tables beside it.
 
     ``highlight=(request_id, position)`` outlines that token's logical block in
     its table and its physical block in the grid, and marks its slot inside the
     block. ``strict=False`` (used by animations) skips a highlight the snapshot
-    cannot show instead of raising.
+    cannot show instead of raising. ``table_rows``/``table_cols`` reserve room
+    for that many block tables and logical blocks, so that every frame of an
+    animation has the same axes.
     """
     check_state("state", state, BlockPoolState)
     try:
@@ -292,8 +295,8 @@ def block_pool_spec(state: BlockPoolState, previous: BlockPoolState | None = Non
     # block tables: one row per request, one column per logical block
     seq_len = dict(state.seq_lens)
     width = max((len(t) for _, t in state.tables), default=0)
-    tcols = max(width, 1)
-    trows = max(len(state.tables), 1)
+    tcols = max(width, table_cols, 1)
+    trows = max(len(state.tables), table_rows, 1)
     tz: list[list[int | None]] = [[None] * tcols for _ in range(trows)]
     ttext: list[list[str]] = [[""] * tcols for _ in range(trows)]
     thover: list[list[str | None]] = [[None] * tcols for _ in range(trows)]
@@ -315,7 +318,8 @@ def block_pool_spec(state: BlockPoolState, previous: BlockPoolState | None = Non
                 f"slots {b * bs}–{b * bs + max(k, 1) - 1}"
             )
             where_in_tables.setdefault(b, []).append((logical, row))
-    table_labels = [f"{rid} · {seq_len.get(rid, 0)} tok" for rid, _ in state.tables] or [""]
+    table_labels = [f"{rid} · {seq_len.get(rid, 0)} tok" for rid, _ in state.tables]
+    table_labels += [""] * (trows - len(table_labels))
 
     data: list[dict[str, Any]] = [
         _heatmap(z, text, hover, xaxis="x", yaxis="y", name="blocks", font_size=11 if cols <= 8 else 10),
@@ -402,7 +406,7 @@ def block_pool_spec(state: BlockPoolState, previous: BlockPoolState | None = Non
                 "ticktext": [f"L{i}" for i in range(0, tcols, ticks_every)], "side": "top", "fixedrange": True,
                 "anchor": "y2", "tickfont": {"size": 10},
                 "title": {"text": "block tables: logical → physical", "standoff": 4, "font": {"size": 12}}},
-        yaxis2={"domain": [max(0.0, 1 - trows * 32 / plot_h), 1] if state.tables else [0.5, 1],
+        yaxis2={"domain": [max(0.0, 1 - trows * 32 / plot_h), 1],
                 "range": [trows - 0.5, -0.5], "showgrid": False, "zeroline": False, "tickmode": "array",
                 "tickvals": list(range(trows)), "ticktext": table_labels, "anchor": "x2", "fixedrange": True,
                 "tickfont": {"size": 11}},
@@ -588,15 +592,20 @@ def _radix_layout(root: RadixNodeState) -> tuple[dict[int, tuple[float, int]], l
 
 
 def radix_tree_spec(state: RadixState, previous: RadixState | None = None, *,
-                    title: str | None = None, caption: str | None = None) -> Spec:
-    """Node boxes with their token runs, lock counts and last access; splits, the match and evictions marked."""
+                    title: str | None = None, caption: str | None = None,
+                    extent: tuple[int, int, int] = (0, 0, 0)) -> Spec:
+    """Node boxes with their token runs, lock counts and last access; splits, the match and evictions marked.
+
+    ``extent=(leaves, depth, evicted runs)`` reserves room for a larger tree so
+    that every frame of an animation keeps the same scale.
+    """
     check_state("state", state, RadixState)
     pos, order = _radix_layout(state.root)
     nodes = [n for n, _ in order]
-    leaves = sum(1 for n in nodes if not n.children)
+    leaves = max(sum(1 for n in nodes if not n.children), extent[0])
     limit = 6 if leaves <= 6 else 3
-    max_x = max((x for x, _ in pos.values()), default=0.0)
-    max_depth = max((d for _, d in pos.values()), default=0)
+    max_x = max(max((x for x, _ in pos.values()), default=0.0), extent[0] - 1)
+    max_depth = max(max((d for _, d in pos.values()), default=0), extent[1])
     evicted_x = max_x + 1.3
     boxes: dict[str, list[tuple[float, float]]] = {k: [] for k in ("root", "unlocked", "locked")}
     ex: list[float | None] = []
@@ -674,8 +683,8 @@ def radix_tree_spec(state: RadixState, previous: RadixState | None = None, *,
     if state.evicted_runs:
         annotations.append({"x": evicted_x, "y": 0.4, "text": "<b>evicted by this op</b>", "showarrow": False,
                             "font": {"color": theme.VERMILLION, "size": 12}})  # fmt: skip
-    right = evicted_x if state.evicted_runs else max_x
-    bottom = max(max_depth, len(state.evicted_runs))
+    right = evicted_x if (state.evicted_runs or extent[2]) else max_x
+    bottom = max(max_depth, len(state.evicted_runs), extent[2])
     layout = base_layout(
         title_text(head, sub),
         height=max(260, (bottom + 1) * 95 + top_margin(1) + 70),
@@ -1077,6 +1086,28 @@ def utilization_figure(fills: Mapping[str, Any] | Sequence[Any], *, title: str |
         margin={"l": 20, "r": 20, "t": 75, "b": 90},
     )  # fmt: skip
     return go.Figure({"data": data, "layout": layout})
+
+
+def radix_extent(state: RadixState) -> tuple[int, int, int]:
+    """(leaves, depth, evicted runs) of a radix snapshot: the room its figure needs."""
+    leaves = depth = 0
+    for d, node in state.root.walk():
+        depth = max(depth, d)
+        leaves += not node.children
+    return leaves, depth, len(state.evicted_runs)
+
+
+def view_hints(view: str, states: Sequence[Any]) -> dict[str, Any]:
+    """Keyword arguments that give every snapshot of a history the same axes in ``view``."""
+    if view == "block_pool":
+        return {
+            "table_rows": max((len(s.tables) for s in states), default=0),
+            "table_cols": max((len(t) for s in states for _, t in s.tables), default=0),
+        }
+    if view == "radix":
+        extents = [radix_extent(s) for s in states]
+        return {"extent": tuple(max(e[i] for e in extents) for i in range(3))}
+    return {}
 
 
 #: Spec builders by view name, with the snapshot type they draw; used by animations and the stepper.

@@ -1,0 +1,127 @@
+"""Animations: one plotly frame per snapshot, with a slider and play/pause, that need no kernel.
+
+Everything lives in the figure's JSON (frames, slider steps, buttons), so an
+animation plays in exported HTML, on nbviewer and on a static site, where no
+Python runs. Each frame is the same view as the matching ``*_figure`` builder,
+drawn with the step's caption as its title; the axes are sized for the largest
+snapshot of the history so nothing jumps between frames.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import plotly.graph_objects as go
+
+from kvlab.errors import InvalidArgumentError, check_int
+from kvlab.views._common import Spec, check_title, steps_of
+from kvlab.views.figures import VIEW_SPECS, view_hints
+
+DEFAULT_FRAME_MS = 900
+_CONTROLS_PX = 80  # room under the legend for the slider and the buttons
+
+
+def step_caption(index: int, count: int, caption: str) -> str:
+    """The title a frame or the stepper shows for step ``index`` of ``count``."""
+    return f"Step {index} of {count - 1}: {caption}" if count > 1 else caption
+
+
+def view_specs(view: str, history: object, *, title: str | None = None, **options: Any) -> tuple[list[Spec], list[str]]:
+    """One spec per snapshot of ``history`` for ``view`` (a name of ``VIEW_SPECS``), and the captions."""
+    if view not in VIEW_SPECS:
+        raise InvalidArgumentError(f"unknown view {view!r}: use one of {', '.join(VIEW_SPECS)}")
+    state_type, spec_fn = VIEW_SPECS[view]
+    steps = steps_of(history, state_type)
+    states = [s for _, s in steps]
+    hints = view_hints(view, states)
+    count = len(steps)
+    specs = []
+    for i, (caption, state) in enumerate(steps):
+        previous = states[i - 1] if i > 0 else None
+        head = step_caption(i, count, caption)
+        if title:
+            head = f"{title} · {head}"
+        specs.append(spec_fn(state, previous, caption=head, **options, **hints))
+    return specs, [c for c, _ in steps]
+
+
+def animate(specs: list[Spec], captions: list[str], *, frame_ms: int = DEFAULT_FRAME_MS) -> go.Figure:
+    """A figure showing ``specs[0]`` with one frame per spec, a slider and play/pause buttons."""
+    if not specs:
+        raise InvalidArgumentError("nothing to animate: the history has no snapshots")
+    check_int("frame_ms", frame_ms, minimum=1)
+    first = specs[0]
+    layout = dict(first["layout"])
+    height = max(s["layout"].get("height", 450) for s in specs)
+    margin = dict(layout.get("margin", {}))
+    bottom = margin.get("b", 80)
+    plot_h = max(height - margin.get("t", 80) - bottom, 1)
+    margin["b"] = bottom + _CONTROLS_PX
+    layout.update(height=height + _CONTROLS_PX, margin=margin)
+    if "title" in layout and height:
+        layout["title"] = dict(layout["title"], y=1 - 10 / (height + _CONTROLS_PX))
+    # layout keys that differ between frames travel with every frame
+    changing = sorted({k for s in specs for k, v in s["layout"].items() if first["layout"].get(k) != v} - {"height"})
+    frames = []
+    for i, spec in enumerate(specs):
+        frame_layout = {k: spec["layout"].get(k) for k in changing}
+        if "title" in frame_layout:
+            frame_layout["title"] = dict(frame_layout["title"], y=layout["title"]["y"])
+        frames.append({"name": str(i), "data": spec["data"], "layout": frame_layout})
+    controls_y = -(bottom - 6) / plot_h
+    step_args = {"mode": "immediate", "frame": {"duration": 0, "redraw": True}, "transition": {"duration": 0}}
+    layout["sliders"] = [{
+        "active": 0, "x": 0.13, "len": 0.87, "y": controls_y, "yanchor": "top", "pad": {"t": 0, "b": 0},
+        "currentvalue": {"prefix": "step ", "visible": True, "font": {"size": 12}},
+        "steps": [{"label": str(i), "method": "animate", "args": [[str(i)], step_args]} for i in range(len(specs))],
+    }]  # fmt: skip
+    play = {"frame": {"duration": frame_ms, "redraw": True}, "fromcurrent": True, "transition": {"duration": 0},
+            "mode": "immediate"}  # fmt: skip
+    pause = {"frame": {"duration": 0, "redraw": False}, "mode": "immediate", "transition": {"duration": 0}}
+    layout["updatemenus"] = [{
+        "type": "buttons", "direction": "left", "showactive": False, "x": 0, "xanchor": "left",
+        "y": controls_y - 0.01, "yanchor": "top", "pad": {"t": 18, "r": 4},
+        "buttons": [{"label": "▶ play", "method": "animate", "args": [None, play]},
+                    {"label": "❚❚ pause", "method": "animate", "args": [[None], pause]}],
+    }]  # fmt: skip
+    layout["meta"] = {"kvlab_captions": list(captions)}
+    return go.Figure({"data": first["data"], "layout": layout, "frames": frames})
+
+
+def _animation(view: str, history: object, *, title: str | None, frame_ms: int, **options: Any) -> go.Figure:
+    specs, captions = view_specs(view, history, title=check_title(title), **options)
+    return animate(specs, captions, frame_ms=frame_ms)
+
+
+def contiguous_animation(history: object, *, title: str | None = None, frame_ms: int = DEFAULT_FRAME_MS) -> go.Figure:
+    """Example 1 step by step: regions placed and released, gaps opening, refusals."""
+    return _animation("contiguous", history, title=title, frame_ms=frame_ms)
+
+
+def block_pool_animation(history: object, *, highlight: tuple[str, int] | None = None, title: str | None = None,
+                         frame_ms: int = DEFAULT_FRAME_MS) -> go.Figure:
+    """Examples 2-5 and 7 step by step: the block grid and the block tables after every operation.
+
+    ``highlight=(request_id, position)`` is drawn in the frames whose snapshot
+    holds that token and skipped in the others.
+    """
+    return _animation("block_pool", history, title=title, frame_ms=frame_ms, highlight=highlight, strict=False)
+
+
+def free_queue_animation(history: object, *, title: str | None = None, frame_ms: int = DEFAULT_FRAME_MS) -> go.Figure:
+    """Example 7 step by step: the free queue front to back, with hits leaving and evictions marked."""
+    return _animation("free_queue", history, title=title, frame_ms=frame_ms)
+
+
+def radix_animation(history: object, *, title: str | None = None, frame_ms: int = DEFAULT_FRAME_MS) -> go.Figure:
+    """Example 8 step by step: inserts, splits, the match, locks and the eviction."""
+    return _animation("radix", history, title=title, frame_ms=frame_ms)
+
+
+ANIMATIONS: dict[str, Callable[..., go.Figure]] = {
+    "contiguous": contiguous_animation,
+    "block_pool": block_pool_animation,
+    "free_queue": free_queue_animation,
+    "radix": radix_animation,
+}
