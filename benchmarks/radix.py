@@ -53,50 +53,50 @@ class RescanRadixTree(RadixTree):
         return list(self._evicted_runs)
 
 
-def make_trace(num_ops: int, seed: int = 0) -> list[tuple]:
-    """A list of ('turn', user, prompt, reply) and ('evict',) steps worth about ``num_ops`` tree calls."""
+def make_trace(num_ops: int, seed: int = 0) -> list[tuple[list[int], list[int]]]:
+    """(prompt, prompt + reply) per request: about ``num_ops`` tree calls (4 per request, plus evictions)."""
     rng = random.Random(seed)
-    systems = [[rng.randrange(32000) for _ in range(rng.randrange(64, 256))] for _ in range(20)]
+    systems = [[rng.randrange(32000) for _ in range(rng.randrange(16, 96))] for _ in range(30)]
     histories: list[list[int]] = []
-    steps: list[tuple] = []
-    calls = 0
-    while calls < num_ops:
-        if not histories or rng.random() < 0.15:
+    requests = []
+    while len(requests) * 4 < num_ops:
+        if not histories or rng.random() < 0.3:
             histories.append(list(rng.choice(systems)))
         user = rng.randrange(len(histories))
-        history = histories[user]
-        question = [rng.randrange(32000) for _ in range(rng.randrange(4, 40))]
-        reply = [rng.randrange(32000) for _ in range(rng.randrange(8, 64))]
-        prompt = history + question
+        question = [rng.randrange(32000) for _ in range(rng.randrange(2, 24))]
+        reply = [rng.randrange(32000) for _ in range(rng.randrange(2, 32))]
+        prompt = histories[user] + question
         histories[user] = prompt + reply
-        if len(histories[user]) > 2000:  # the conversation ends; the user starts over
+        if len(histories[user]) > 512:  # the conversation ends; the user starts over
             histories[user] = list(rng.choice(systems))
-        steps.append(("turn", prompt, prompt + reply))
-        steps.append(("evict",))
-        calls += 5  # match, lock, insert, unlock, evict
-    return steps
+        requests.append((prompt, prompt + reply))
+    return requests
 
 
-def run(tree: RadixTree, trace: list[tuple], capacity: int, in_flight: int = 16) -> tuple[int, float, list]:
-    """Replay the trace; up to ``in_flight`` requests hold a lock at once. Returns (ops, seconds, evictions)."""
-    running: list[tuple[RadixNode, tuple[int, ...]]] = []
+def run(tree: RadixTree, requests: list, capacity: int, num_ops: int, in_flight: int = 16) -> tuple:
+    """Replay until ``num_ops`` tree calls; up to ``in_flight`` requests hold locks at once.
+
+    Returns (calls, seconds, evicted runs per evict call).
+    """
+    running: list[tuple[RadixNode, list[int]]] = []
     evictions = []
     ops = 0
     start = time.perf_counter()
-    for step in trace:
-        if step[0] == "turn":
-            node = tree.match(step[1]).node
-            tree.lock(node)
-            running.append((node, step[2]))
+    for prompt, full in requests:
+        if ops >= num_ops:
+            break
+        node = tree.match(prompt).node
+        tree.lock(node)
+        running.append((node, full))
+        ops += 2
+        if len(running) > in_flight:  # the oldest running request finishes and is cached
+            done, finished = running.pop(0)
+            tree.insert(finished)
+            tree.unlock(done)
             ops += 2
-            if len(running) > in_flight:  # the oldest running request finishes
-                done, full = running.pop(0)
-                tree.insert(full)
-                tree.unlock(done)
-                ops += 2
-        else:
-            excess = tree.total_tokens - capacity
-            evictions.append(tree.evict(max(0, excess)))
+        excess = tree.total_tokens - capacity
+        if excess > 0:  # a server evicts when it needs room for new KV
+            evictions.append(tree.evict(excess))
             ops += 1
     return ops, time.perf_counter() - start, evictions
 
@@ -104,24 +104,31 @@ def run(tree: RadixTree, trace: list[tuple], capacity: int, in_flight: int = 16)
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", type=int, default=100_000, help="tree calls in the trace (default 100000)")
-    parser.add_argument("--capacity", type=int, default=50_000, help="tokens the tree may hold (default 50000)")
+    parser.add_argument("--capacity", type=int, default=100_000, help="tokens the tree may hold (default 100000)")
+    parser.add_argument("--baseline-ops", type=int, default=20_000,
+                        help="calls for the side-by-side comparison with the rescan (default 20000)")
     args = parser.parse_args(argv)
-    trace = make_trace(args.ops)
-    results = {}
-    for name, cls in (("kvlab", RadixTree), ("rescan", RescanRadixTree)):
-        tree = cls(page_size=1)
-        ops, seconds, evictions = run(tree, trace, args.capacity)
-        results[name] = (ops, seconds, evictions, tree)
-    (ops, fast, ev_fast, tree), (_, slow, ev_slow, _) = results["kvlab"], results["rescan"]
-    if ev_fast != ev_slow:
+    requests = make_trace(args.ops)
+
+    tree = RadixTree(page_size=1)
+    ops, seconds, evictions = run(tree, requests, args.capacity, args.ops)
+    runs = sum(len(e) for e in evictions)
+    print(f"radix tree, {ops} ops on a chat trace ({len(evictions)} evict calls, {runs} leaves evicted; "
+          f"{tree.num_nodes} nodes and {tree.total_tokens} tokens at the end)")
+    print(f"  {'kvlab':<30}{ops / seconds:>10,.0f} ops/s  {seconds:6.2f} s")
+
+    side = {}
+    for name, cls in (("kvlab (heap across calls)", RadixTree), ("rescan (walk + heapify)", RescanRadixTree)):
+        n, secs, ev = run(cls(page_size=1), requests, args.capacity, args.baseline_ops)
+        side[name] = (n, secs, ev)
+    (n, fast, ev_fast), (_, slow, ev_slow) = side.values()
+    if ev_fast != ev_slow or ev_fast != evictions[: len(ev_fast)]:
         print("MISMATCH: the two evictions removed different runs", file=sys.stderr)
         return 1
-    runs = sum(len(e) for e in ev_fast)
-    print(f"radix tree, {ops} ops ({runs} leaves evicted; {tree.num_nodes} nodes, "
-          f"{tree.total_tokens} tokens at the end)")
-    print(f"  {'kvlab (heap across calls)':<28}{ops / fast:>12,.0f} ops/s   {fast:6.2f} s")
-    print(f"  {'rescan (walk + heapify)':<28}{ops / slow:>12,.0f} ops/s   {slow:6.2f} s")
-    print(f"  speed-up {slow / fast:.1f}x; identical eviction order: yes")
+    print(f"first {n} ops, side by side (same evictions, same order: checked):")
+    for name, (_, secs, _) in side.items():
+        print(f"  {name:<30}{n / secs:>10,.0f} ops/s  {secs:6.2f} s")
+    print(f"  ratio {slow / fast:.1f}x")
     return 0
 
 

@@ -148,27 +148,26 @@ def run_agent(
         raise InvalidArgumentError("name must be a string")
     if server is not None and not isinstance(server, SlotServer):
         raise InvalidArgumentError("server must be a kvlab.slots.SlotServer or None")
-    prefix = list(range(prefix_tokens))
-    results: list[list[int]] = []
-    cached: list[int] = []
-    out: list[AgentTurn] = []
+    prefix = tuple(range(prefix_tokens))
+    results: list[tuple[int, ...]] = []
+    prompts: list[list[int]] = []
     next_id = first_result_id
-    for turn in range(turns):
-        results.append(list(range(next_id, next_id + result_tokens)))
+    for turn in range(turns):  # build every prompt first, so a bad policy changes nothing
+        results.append(tuple(range(next_id, next_id + result_tokens)))
         next_id += result_tokens
         try:
-            prompt = check_tokens("the policy's prompt", policy(tuple(prefix), tuple(tuple(r) for r in results)))
-        except InvalidArgumentError:
-            raise
+            built = policy(prefix, tuple(results))
         except Exception as exc:
             raise InvalidArgumentError(f"the policy failed on turn {turn + 1}: {exc}") from exc
+        prompt = check_tokens(f"the policy's prompt on turn {turn + 1}", built)
+        if server is not None and len(prompt) >= server.n_ctx:
+            raise InvalidArgumentError(f"turn {turn + 1}'s prompt ({len(prompt)} tokens) does not fit n_ctx {server.n_ctx}")
+        prompts.append(prompt)
+    cached: list[int] = []
+    out: list[AgentTurn] = []
+    for turn, prompt in enumerate(prompts):
         lcp = common_prefix(cached, prompt)
-        if server is None:
-            hit = lcp
-        else:
-            if len(prompt) >= server.n_ctx:
-                raise InvalidArgumentError(f"turn {turn + 1}'s prompt ({len(prompt)} tokens) does not fit n_ctx {server.n_ctx}")
-            hit = server.complete(prompt, max_tokens=0).cache_n
+        hit = lcp if server is None else server.complete(prompt, max_tokens=0).cache_n
         out.append(AgentTurn(turn + 1, len(prompt), hit, len(prompt) - hit, lcp))
         cached = prompt
     return AgentRun(name, tuple(out))

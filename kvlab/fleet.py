@@ -20,25 +20,37 @@ already cached but was not part of the hit is left where it is, as in the
 lesson (assigning an existing key of an ``OrderedDict`` keeps its position).
 
 Block keys. The lesson hashes ``sha256(parent digest + repr(block tokens))`` from
-a root of ``sha256(salt)``; ``kvlab.hashing`` uses other byte layouts. The hits
-only depend on *which* blocks have equal keys, and any collision-free chain
-makes two keys equal exactly when the two whole prefixes (and salts) are equal.
-The default scheme, ``"exact"``, interns ``(parent key, block tokens)`` into a
-small integer: equal by construction, with no collision at all, and faster than
-SHA-256. ``hash_scheme`` selects ``"sha256-repr"`` (the lesson's digests),
-``"lesson"`` or ``"vllm"`` (``kvlab.hashing``) instead; tests check that all four
-give the same numbers.
+a root of ``sha256(salt)``; ``kvlab.hashing`` lays the bytes out differently
+(its ``"lesson"`` scheme is lesson 000's). The hits only depend on *which*
+blocks have equal keys, and any collision-free chain makes two keys equal
+exactly when the two whole prefixes (and salts) are equal, so every such chain
+gives the same table. The default scheme, ``"exact"``, interns ``(parent key,
+block tokens)`` as a small integer: equal by construction, never a collision,
+and much cheaper than SHA-256. ``hash_scheme`` selects ``"sha256-repr"`` (the
+lesson's own digests), ``"lesson"`` or ``"vllm"`` (``kvlab.hashing``) instead;
+tests check that all four give the same numbers, and the benchmark checks the
+six rows against SHA-256 chains.
 
 Speed. Each user's sequence only grows, so its chain is kept between turns and
-every block is keyed once per user (not again at every turn, as the lesson's
-program does); with a timestamp at the start the prefix changes every turn, so
-that placement really does re-key every prompt. The random content is drawn once
-and shared by every scenario with the same users, turns, seed and system prompt.
+every block is keyed once per user chain, not again at every turn as the
+lesson's program does. A timestamp at the start changes the prefix every turn,
+so there every prompt really is re-keyed (cheaply: see ``_ExactKeys``). The
+random content is drawn once and shared by every scenario with the same users,
+turns, seed and system prompt.
 
-``engine=True`` replays the same traffic through ``kvlab.prefix_cache.PrefixCache``
-(vLLM's design: a fixed pool whose free blocks double as the cache), where the
-blocks of running requests are pinned: with ``concurrent`` requests in flight on a
-replica, less of the pool is left to cache, and the hit rate falls.
+The engine model. The lesson's store is all cache: nothing runs in it. With
+``engine=True`` the same traffic goes through ``kvlab.prefix_cache.PrefixCache``,
+vLLM's block pool, where the pool also holds the running requests and only
+blocks no request holds can be evicted (in vLLM's order: a freed request's tail
+first). With one request at a time and no eviction pressure it gives the
+lesson's numbers (187,102 at 20,000 blocks); under pressure they differ a
+little (68.0% instead of 67.8% at 5,000 blocks) because the eviction orders
+differ. ``busy_blocks`` (blocks held by other running work) shows the lesson's
+warning that a fixed cache size hides how capacity shrinks under load: 20,000
+blocks with 15,000 busy hit like a 5,000-block cache. More chat requests in
+flight (``concurrent``) cost almost nothing, because the blocks they pin are the
+most recently used ones, which an LRU cache would keep anyway, and running
+blocks can still be hit.
 """
 
 from __future__ import annotations
@@ -593,12 +605,12 @@ class _LruStore:
 class FleetTrace:
     """Per-request columns, in arrival order, for plots over time.
 
-    ``turn`` is the user's own turn number (0 = first message); ``cached_blocks``
-    is the number of blocks held by the whole fleet's caches right after the
-    request (in the engine model: blocks with a hash, free or in use);
-    ``pinned_blocks`` the blocks held by running requests then (always 0 in
-    the lesson's store, which runs nothing: the engine model's pool minus
-    these is what is left to cache).
+    ``turn`` is the user's own turn number (0 = first message). ``cached_blocks``
+    is the number of chat blocks the whole fleet holds cached right after the
+    request (in the engine model: chat blocks with a hash, free or in use).
+    ``pinned_blocks`` counts the blocks running requests hold then, other work's
+    busy blocks included: always 0 in the lesson's store, which runs nothing;
+    in the engine model the pool minus these is all that can be evicted.
     """
 
     user: tuple[int, ...]
@@ -756,11 +768,11 @@ def simulate_many(
     if traffic is not None:
         traffics[_traffic_key(configs[0])] = traffic
     if engine:  # check every config fits before running any
-        for config in configs:
+        for i, config in enumerate(configs):
             tkey = _traffic_key(config)
             if tkey not in traffics:
                 traffics[tkey] = chat_traffic(*tkey)
-            _check_engine_fits(config, traffics[tkey], busy_blocks)
+            _check_engine_fits(config, traffics[tkey], busy_blocks, names[i] if names is not None else None)
     workloads: dict[tuple[object, ...], list[_Request]] = {}
     results = []
     for i, config in enumerate(configs):
@@ -855,7 +867,7 @@ def _engine_model() -> Any:
 _OTHER_WORK_SALT = "other-work"  # the busy blocks' chains can never meet the chat's
 
 
-def _check_engine_fits(config: FleetConfig, traffic: ChatTraffic, busy_blocks: int) -> None:
+def _check_engine_fits(config: FleetConfig, traffic: ChatTraffic, busy_blocks: int, name: str | None) -> None:
     """Refuse, before anything runs, pools that cannot hold the busy blocks plus their largest request."""
     if config.capacity_blocks == 0:
         return
@@ -868,8 +880,9 @@ def _check_engine_fits(config: FleetConfig, traffic: ChatTraffic, busy_blocks: i
     if short:
         r = short[0]
         busy = f" plus {busy_blocks:,} busy blocks" if busy_blocks else ""
+        what = f"scenario {name!r}" if name else "this traffic"
         raise InvalidArgumentError(
-            f"the engine model cannot run this traffic: replica {r} has {shares[r]:,} blocks, but its largest "
+            f"the engine model cannot run {what}: replica {r} has {shares[r]:,} blocks, but its largest "
             f"request needs {largest[r]:,}{busy}; give capacity_blocks of at least "
             f"{(max(largest) + busy_blocks) * config.replicas:,}"
             + (" or fewer busy blocks" if busy_blocks else "")

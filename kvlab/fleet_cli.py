@@ -97,13 +97,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--salt", choices=SALTS, help="cache salt: none, per user, or per tenant (default none)"
     )
     scenario.add_argument(
-        "--tenants", type=_integer(1), help="tenants, with --salt tenant (users split evenly)"
+        "--tenants",
+        type=_integer(1),
+        help="tenants, with --salt tenant: contiguous groups of near-equal size (K need not divide --users)",
     )
     scenario.add_argument(
         "--replicas", type=_integer(1), help="replicas, each with an equal share of the cache"
     )
     scenario.add_argument(
-        "--routing", choices=ROUTINGS, help="with --replicas: per request, or by user id hash"
+        "--routing",
+        choices=ROUTINGS,
+        help="with --replicas: per request, or by a hash of the user id (default round-robin)",
     )
     other = parser.add_argument_group("model options (apply to the table or to the row)")
     other.add_argument(

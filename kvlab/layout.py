@@ -24,6 +24,7 @@ or any ``Segment(name, build)`` whose ``build(session, turn)`` returns token ids
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -236,6 +237,9 @@ def chained_hashes(tokens: Sequence[int], block_size: int, scheme: str = "lesson
         return list(hashing.block_hashes(tokens, block_size, scheme=scheme))
     toks = check_tokens("tokens", tokens, allow_empty=True)
     check_int("block_size", block_size, minimum=1)
+    for t in toks:
+        if not -(2**31) <= t < 2**31:
+            raise InvalidArgumentError(f"token id {t} is not a Java int; the java chain hashes List<Integer>")
     out: list[object] = []
     h = 17
     for start in range(0, len(toks) - block_size + 1, block_size):
@@ -269,6 +273,17 @@ def run_layout(
         session = AgentSession()
     elif not isinstance(session, AgentSession):
         raise InvalidArgumentError("session must be an AgentSession")
+    backup = copy.deepcopy(session.__dict__)
+    try:
+        return _run(segments, name, turns, block_size, scheme, session)
+    except BaseException:
+        session.__dict__.update(backup)  # a failed run leaves the session as it was
+        raise
+
+
+def _run(
+    segments: Sequence[Segment], name: str, turns: int, block_size: int, scheme: str, session: AgentSession
+) -> LayoutRun:
     seen: set[object] = set()
     out: list[LayoutTurn] = []
     previous: list[int] | None = None
@@ -277,11 +292,10 @@ def run_layout(
         spans: list[SegmentSpan] = []
         for seg in segments:
             try:
-                toks = check_tokens(f"segment {seg.name!r} tokens", seg.build(session, turn), allow_empty=True)
-            except InvalidArgumentError:
-                raise
+                built = seg.build(session, turn)
             except Exception as exc:  # a user's build function failed: say which segment
                 raise InvalidArgumentError(f"segment {seg.name!r} failed to build turn {turn}: {exc}") from exc
+            toks = check_tokens(f"segment {seg.name!r} (turn {turn}) tokens", built, allow_empty=True)
             spans.append(SegmentSpan(seg.name, len(prompt), len(toks)))
             prompt += toks
         cached = 0

@@ -33,12 +33,20 @@ The pieces, each named after its vLLM counterpart (``vllm/v1/core/block_pool.py`
   handed out. The lesson numbers blocks without it, so it is off by default;
   ``null_block=True`` reserves block 0 and gives vLLM's block ids.
 
-Where the lesson simplifies, this model follows vLLM: the lesson's example 7
-appends every freed block at the back and has no prompt_len - 1 cap; neither
-changes its figures (its prompts are whole blocks and C hits only 2 of 3), so
-``example_7`` reproduces them exactly with vLLM's rules. Preemption is not
-modelled: an ``append`` the pool cannot serve is refused and changes nothing
-(vLLM would preempt a running request instead).
+The lesson's example 7 program leaves out two vLLM rules that the lesson
+itself states (the front rule in example 7's last paragraph, the cap in
+example 6): it appends every freed block at the back and has no
+prompt_len - 1 cap. This model keeps both, always, because neither changes a
+lesson figure: example 7's prompts are whole blocks (no unhashed block) and C
+hits only 2 of its 3 blocks, so ``example_7`` reproduces the lesson exactly.
+The null block is the one difference that shows in the figures (block ids),
+so it is the one behind an option, off by default.
+
+Scope: one KV cache group of full attention, whole prompts allocated at once
+(no chunked prefill), no speculative lookahead, no admission watermark
+(vLLM's default is 0). Preemption is not modelled: an ``append`` the pool
+cannot serve is refused and changes nothing, where vLLM would preempt a
+running request to make room.
 """
 
 from __future__ import annotations
@@ -177,12 +185,15 @@ class ProbeResult:
 class AllocationResult:
     """What ``allocate`` or ``append`` did to request ``request_id``.
 
+    ``num_tokens`` is the request's length after the call, ``num_new_tokens``
+    how many tokens this call brought (the prompt, or the appended tokens).
     ``evicted`` lists blocks whose cached content was dropped to make room, in
     the order they were taken; ``evicted_hashes`` holds the hashes they lost.
     """
 
     request_id: str
     num_tokens: int
+    num_new_tokens: int
     num_cached_tokens: int
     hit_block_ids: tuple[int, ...]
     new_block_ids: tuple[int, ...]
@@ -192,8 +203,8 @@ class AllocationResult:
 
     @property
     def num_computed_tokens(self) -> int:
-        """Tokens this operation must run through the model (all of them, minus the cache hit)."""
-        return self.num_tokens - self.num_cached_tokens
+        """Tokens of this call the model must compute: the new tokens minus the cache hit."""
+        return self.num_new_tokens - self.num_cached_tokens
 
 
 @dataclass(frozen=True)
@@ -222,7 +233,8 @@ class PrefixCache:
     blocks are usable and ids match vLLM's); the default numbers blocks from 0
     as the lesson does. ``hash_scheme`` picks the ``kvlab.hashing`` digest
     ("lesson" or "vllm"); the cache's behaviour does not depend on it.
-    ``record=True`` keeps a ``History`` with one step per successful call.
+    ``record=True`` keeps a ``History`` with one step per successful call,
+    probes included; a call that raises records nothing, like it changes nothing.
     ``hash_labels`` maps digests to display names (see ``HashLabels``).
     """
 
@@ -350,7 +362,7 @@ class PrefixCache:
         for i in range(len(hits), len(req.table)):
             req.table[i].tokens = toks[i * bs : (i + 1) * bs]
         self._cache_blocks(req, len(hits))
-        result = self._result(req_id, req, hits, new, evicted, num_cached=len(hits) * bs)
+        result = self._result(req_id, req, hits, new, evicted, len(toks), num_cached=len(hits) * bs)
         self._record(
             f"allocate {req_id} ({len(toks)} tokens): {_hit_text(result.hit_block_ids, bs)}, "
             f"new blocks {list(result.new_block_ids)}{self._evicted_text(evicted)}",
@@ -395,7 +407,7 @@ class PrefixCache:
             )
             req.hashes.append(parent)
         self._cache_blocks(req, start // bs)
-        result = self._result(req_id, req, [], new, evicted, num_cached=0)
+        result = self._result(req_id, req, [], new, evicted, len(toks), num_cached=0)
         self._record(
             f"append {len(toks)} tokens to {req_id}: new blocks {list(result.new_block_ids)}"
             f"{self._evicted_text(evicted)}",
@@ -429,14 +441,14 @@ class PrefixCache:
 
     # ------------------------------------------------------------------ snapshots
 
-    def snapshot(
-        self,
-        *,
-        hits: Sequence[Block] = (),
-        new: Sequence[Block] = (),
-        evicted: Sequence[Block] = (),
-    ) -> BlockPoolState:
+    def snapshot(self) -> BlockPoolState:
         """The whole state as an immutable ``BlockPoolState`` (hash labels are short hex or ``hash_labels``)."""
+        return self._snapshot()
+
+    def _snapshot(
+        self, hits: Sequence[Block] = (), new: Sequence[Block] = (), evicted: Sequence[Block] = ()
+    ) -> BlockPoolState:
+        """The state, marking what the last operation hit, allocated and evicted (for views to highlight)."""
         blocks = tuple(
             BlockState(
                 block_id=b.block_id,
@@ -526,12 +538,14 @@ class PrefixCache:
         hits: list[Block],
         new: list[Block],
         evicted: list[tuple[Block, bytes]],
+        num_new_tokens: int,
         *,
         num_cached: int,
     ) -> AllocationResult:
         return AllocationResult(
             request_id=req_id,
             num_tokens=len(req.tokens),
+            num_new_tokens=num_new_tokens,
             num_cached_tokens=num_cached,
             hit_block_ids=tuple(b.block_id for b in hits),
             new_block_ids=tuple(b.block_id for b in new),
@@ -554,7 +568,7 @@ class PrefixCache:
         evicted: Sequence[Block] = (),
     ) -> None:
         if self.history is not None:
-            self.history.add(caption, self.snapshot(hits=hits, new=new, evicted=evicted))
+            self.history.add(caption, self._snapshot(hits, new, evicted))
 
     def _request(self, req_id: object) -> _Request:
         if not isinstance(req_id, str):
@@ -563,7 +577,8 @@ class PrefixCache:
             )
         req = self._requests.get(req_id)
         if req is None:
-            live = ", ".join(map(repr, self._requests)) or "none"
+            names = list(self._requests)
+            live = ", ".join(map(repr, names[:8])) + (", ..." if len(names) > 8 else "") or "none"
             raise UnknownRequestError(
                 f"unknown request {req_id!r} (already freed, or never allocated); live: {live}"
             )

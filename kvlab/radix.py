@@ -61,7 +61,7 @@ Eviction strategies other than LRU (lfu, fifo, priority...) are not modelled.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain
 
@@ -253,7 +253,7 @@ class RadixTree:
         self._begin_op()
         result = self._match_walk(tokens, extra_key) if tokens else MatchResult(0, self.root, ())
         self._matched_node = result.node.node_id
-        self._record(f"match {_show(tokens)}{_ns(extra_key)}: {result.matched_len} tokens cached")
+        self._record(lambda: f"match {_show(tokens)}{_ns(extra_key)}: {result.matched_len} tokens cached")
         return result
 
     def insert(self, tokens: Sequence[int], extra_key: str | None = None) -> int:
@@ -265,7 +265,7 @@ class RadixTree:
         tokens = self._check_key(tokens, extra_key)
         self._begin_op()
         present = self._insert_walk(tokens, extra_key)
-        self._record(f"insert {_show(tokens)}{_ns(extra_key)}: {present} tokens already present")
+        self._record(lambda: f"insert {_show(tokens)}{_ns(extra_key)}: {present} tokens already present")
         return present
 
     def lock(self, node: RadixNode) -> int:
@@ -276,7 +276,7 @@ class RadixTree:
         """
         self._check_handle(node, "lock")
         self._begin_op()
-        caption = f"lock node #{node.node_id} ({_depth_tokens(node)} tokens to the root)"
+        handle = node
         delta = 0
         while node.parent is not None:
             if node.lock_ref == 0:
@@ -286,7 +286,7 @@ class RadixTree:
                 delta -= size
             node.lock_ref += 1
             node = node.parent
-        self._record(caption)
+        self._record(lambda: f"lock node #{handle.node_id} ({_depth_tokens(handle)} tokens to the root)")
         return delta
 
     def unlock(self, node: RadixNode) -> int:
@@ -303,7 +303,7 @@ class RadixTree:
                 f"cannot unlock {node!r}: it is not locked; unlock only what a lock call locked"
             )
         self._begin_op()
-        caption = f"unlock node #{node.node_id} ({_depth_tokens(node)} tokens to the root)"
+        handle = node
         delta = 0
         while node.parent is not None:
             if node.lock_ref == 1:
@@ -315,7 +315,7 @@ class RadixTree:
             if node.lock_ref == 0 and not node.children:
                 self._push(node)
             node = node.parent
-        self._record(caption)
+        self._record(lambda: f"unlock node #{handle.node_id} ({_depth_tokens(handle)} tokens to the root)")
         return delta
 
     def evict(self, num_tokens: int) -> list[tuple[int, ...]]:
@@ -524,9 +524,10 @@ class RadixTree:
         self._split_nodes = []
         self._evicted_runs = []
 
-    def _record(self, caption: str) -> None:
+    def _record(self, caption: str | Callable[[], str]) -> None:
+        """Add a step when recording; a caption given as a function is only built then."""
         if self.history is not None:
-            self.history.add(caption, self.snapshot())
+            self.history.add(caption if isinstance(caption, str) else caption(), self.snapshot())
 
     def _node_state(self, node: RadixNode) -> RadixNodeState:
         return RadixNodeState(

@@ -24,6 +24,15 @@ cached). llama-server's rule (``tools/server/server-context.cpp``), modelled her
 * Checkpoints ending after the reuse point are erased as invalidated.
 * If everything is cached, the last token is processed again (logits).
 
+The comparisons are those of llama.cpp's current ``server-context.cpp``: the
+search starts when ``pos_min >= threshold``, and the threshold is one lower when
+the whole prompt is cached (``has_new_tokens``, PR 24110). Older versions used
+``pos_min > threshold``. The two differ only for a reuse point inside the first
+``n_swa`` tokens (threshold 0): there a ring that still starts at position 0 --
+even a ``--swa-full`` one -- triggers the search, and without a checkpoint
+ending by then the prompt is processed from the start. The lesson's figures do
+not depend on it.
+
 Where checkpoints come from (same file, the prompt loop): the prompt is cut into
 batches of at most ``n_batch`` tokens, and a batch also ends so that the last
 ``min(n_batch, 4 + n_ubatch)`` and the last ``min(n_batch, 4)`` tokens start new

@@ -26,7 +26,8 @@ def test_lesson_table_matches_the_lesson():
     assert [r.capacity_blocks for r in rows] == [0, 20_000, 5_000, 1_000, 20_000, 20_000]
     assert [round(100 * r.hit_rate, 1) for r in rows] == [0.0, 92.8, 67.8, 58.0, 0.0, 56.5]
     assert [r.prefill_tokens for r in rows] == [2_581_118, 187_102, 831_582, 1_083_470, 2_583_518, 1_123_214]
-    assert [r.total_tokens for r in rows] == [2_581_118] * 4 + [2_583_518, 2_581_118]  # the timestamp adds 2 x 1,200
+    # the timestamp adds 2 tokens to each of the 1,200 prompts
+    assert [r.total_tokens for r in rows] == [2_581_118] * 4 + [2_583_518, 2_581_118]
     assert [round(r.config.cache_gib, 1) for r in rows] == [0.0, 39.1, 9.8, 2.0, 39.1, 39.1]
     assert rows[1].row() == {
         "scenario": "shared system prompt, stable prefix",
@@ -83,9 +84,13 @@ def reference(config: FleetConfig) -> tuple[int, int, list[int]]:
         else:
             prompt = system + history[u] + msg
             history[u] += msg + answer
-        salt = {"none": "", "user": f"user-{u}"}.get(config.salt, f"tenant-{u * (config.tenants or 1) // config.users}")
+        salt = {"none": "", "user": f"user-{u}"}.get(
+            config.salt, f"tenant-{u * (config.tenants or 1) // config.users}"
+        )
         if config.routing == "user-hash":
-            replica = int.from_bytes(hashlib.sha256(f"user-{u}".encode()).digest()[:8], "big") % config.replicas
+            replica = (
+                int.from_bytes(hashlib.sha256(f"user-{u}".encode()).digest()[:8], "big") % config.replicas
+            )
         else:
             replica = clock % config.replicas
         cache, capacity = caches[replica], capacities[replica]
@@ -128,7 +133,7 @@ configs = st.builds(
 )
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(config=configs, tenants=st.integers(1, 6), use_tenants=st.booleans())
 def test_simulation_equals_the_plain_reference(config, tenants, use_tenants):
     if use_tenants:
@@ -141,7 +146,13 @@ def test_simulation_equals_the_plain_reference(config, tenants, use_tenants):
 
 @pytest.mark.parametrize(
     "change",
-    [{}, {"header": "start"}, {"header": "before-message"}, {"salt": "user"}, {"salt": "tenant", "tenants": 3}],
+    [
+        {},
+        {"header": "start"},
+        {"header": "before-message"},
+        {"salt": "user"},
+        {"salt": "tenant", "tenants": 3},
+    ],
 )
 def test_any_collision_free_chain_gives_the_same_hits(change):
     base = replace(SMALL, capacity_blocks=150, replicas=2, **change)  # small enough to evict
@@ -150,11 +161,18 @@ def test_any_collision_free_chain_gives_the_same_hits(change):
     assert results[0].prefill_tokens > 0
 
 
-def test_the_engine_model_matches_the_store_when_nothing_is_evicted():
-    roomy = replace(SMALL, capacity_blocks=10_000)
+@pytest.mark.parametrize(
+    "change",
+    [{}, {"header": "before-message", "salt": "tenant", "tenants": 3, "replicas": 2, "routing": "user-hash"}],
+)
+def test_the_engine_model_matches_the_store_when_nothing_is_evicted(change):
+    roomy = replace(SMALL, capacity_blocks=10_000, **change)
     store = simulate(roomy)
     engine = simulate(roomy, engine=True)
-    assert engine.engine and (engine.prefill_tokens, engine.total_tokens) == (store.prefill_tokens, store.total_tokens)
+    assert engine.engine and (engine.prefill_tokens, engine.total_tokens) == (
+        store.prefill_tokens,
+        store.total_tokens,
+    )
     assert engine.trace.cached_tokens == store.trace.cached_tokens
 
 
@@ -228,7 +246,8 @@ def test_capacity_is_split_between_replicas():
 def test_no_cache_and_a_tiny_cache():
     none = simulate(replace(SMALL, capacity_blocks=0))
     assert none.prefill_tokens == none.total_tokens and set(none.trace.cached_blocks) == {0}
-    assert 0 < rate(capacity_blocks=20) < rate(capacity_blocks=2000)
+    assert rate(capacity_blocks=20) == 0.0  # each request evicts the system prompt before the next one comes
+    assert 0 < rate(capacity_blocks=50) < rate(capacity_blocks=2000)
 
 
 # ---------------------------------------------------------------------- traces
@@ -241,8 +260,9 @@ def test_trace_columns():
     assert sum(trace.prompt_tokens) == result.total_tokens
     assert sum(trace.prompt_tokens) - sum(trace.cached_tokens) == result.prefill_tokens
     assert trace.cumulative_hit_rate()[-1] == pytest.approx(result.hit_rate)
-    by_turn = trace.hit_rate_by_turn()
-    assert len(by_turn) == SMALL.turns and by_turn[0] < by_turn[-1]  # first turns share only the system prompt
+    assert len(trace.hit_rate_by_turn()) == SMALL.turns
+    roomy = simulate(replace(SMALL, capacity_blocks=2000)).trace.hit_rate_by_turn()
+    assert roomy == sorted(roomy) and roomy[0] < 0.6 < roomy[1]  # first turns share only the system prompt
     assert max(trace.cached_blocks) <= SMALL.capacity_blocks and set(trace.pinned_blocks) == {0}
     assert sum(trace.evicted_blocks) > 0
     assert sorted(trace.turn) == sorted(list(range(SMALL.turns)) * SMALL.users)
@@ -254,7 +274,11 @@ def test_one_traffic_shared_by_many_scenarios():
     shared = simulate_many(configs, names=["a", "b", "c"], traffic=traffic)
     assert [r.scenario for r in shared] == ["a", "b", "c"]
     assert [r.prefill_tokens for r in shared] == [simulate(c).prefill_tokens for c in configs]
-    assert simulate(SMALL).scenario == SMALL.describe() == "cache 600 blocks, users 12, turns 4, system tokens 160"
+    assert (
+        simulate(SMALL).scenario
+        == SMALL.describe()
+        == "cache 600 blocks, users 12, turns 4, system tokens 160"
+    )
 
 
 # ---------------------------------------------------------------------- engine model

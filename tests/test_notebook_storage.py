@@ -46,7 +46,9 @@ def _headings(nb: nbformat.NotebookNode) -> list[str]:
 
 
 def _exercise_cells(nb: nbformat.NotebookNode) -> list[tuple[str, nbformat.NotebookNode]]:
-    return [(c.metadata["kvlab"]["exercise"], c) for c in nb.cells if "exercise" in c.metadata.get("kvlab", {})]
+    return [
+        (c.metadata["kvlab"]["exercise"], c) for c in nb.cells if "exercise" in c.metadata.get("kvlab", {})
+    ]
 
 
 def test_there_are_notebooks():
@@ -57,7 +59,9 @@ def test_names_follow_the_course_map():
     names = {nb.filename for nb in COURSE}
     assert [nb.number for nb in COURSE] == [f"{i:02d}" for i in range(16)]
     for path in PATHS:
-        assert path.name in names, f"{path.name}: notebooks are named as in kvlab.course.COURSE (NN_slug.ipynb)"
+        assert path.name in names, (
+            f"{path.name}: notebooks are named as in kvlab.course.COURSE (NN_slug.ipynb)"
+        )
     numbers = [p.name[:2] for p in PATHS]
     assert len(numbers) == len(set(numbers)), "two notebooks share a number"
 
@@ -65,7 +69,9 @@ def test_names_follow_the_course_map():
 def test_every_registered_notebook_has_its_notebook():
     present = {p.name[:2] for p in PATHS}
     for nb in sorted({e.notebook for e in exercises()}):
-        assert nb in present, f"exercises of notebook {nb} are registered, but notebooks/{nb}_*.ipynb is missing"
+        assert nb in present, (
+            f"exercises of notebook {nb} are registered, but notebooks/{nb}_*.ipynb is missing"
+        )
 
 
 @pytest.mark.parametrize("path", PATHS, ids=[p.stem for p in PATHS])
@@ -95,7 +101,9 @@ class TestNotebook:
         nb = _read(path)
         course = {c.filename: c for c in COURSE}[path.name]
         first = nb.cells[0]
-        assert first.cell_type == "markdown" and first.source.startswith(f"# {course.number} · {course.title}\n")
+        assert first.cell_type == "markdown" and first.source.startswith(
+            f"# {course.number} · {course.title}\n"
+        )
 
     def test_has_the_sections_in_order(self, path):
         if path.name.startswith("00_"):
@@ -113,7 +121,11 @@ class TestNotebook:
         text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
         part = text.split("## Check yourself", 1)[1].split("## Summary", 1)[0]
         assert part.count("<details>") >= 2, "give at least two questions, each answer in <details>"
-        assert part.count("<details>") == part.count("<summary>Show answer</summary>") == part.count("</details>")
+        assert (
+            part.count("<details>")
+            == part.count("<summary>Show answer</summary>")
+            == part.count("</details>")
+        )
 
     def test_exercise_cells_match_the_registry(self, path):
         nb = _read(path)

@@ -36,14 +36,18 @@ def runs(request):
     futures = run_notebooks.run_many([(path, mode == "solved") for path, mode in jobs])
     runs = {(path.stem, mode): future for (path, mode), future in zip(jobs, futures, strict=True)}
     yield runs
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
     done = [f.result() for f in runs.values() if f.done() and not f.exception()]
-    if reporter and done:
-        reporter.write_line("")
-        reporter.write_line("notebook run times (fresh kernel each):")
-        for r in done:
-            reporter.write_line(f"  {r['notebook']:<34}{r['mode']:<8}{r['seconds']:>6.1f}s")
-        reporter.write_line(f"  total kernel time {sum(r['seconds'] for r in done):.1f}s")
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    if reporter and capture and done:
+        with capture.global_and_fixture_disabled():
+            reporter.write_line("")
+            reporter.write_line(
+                f"notebook runs, {run_notebooks.default_workers()} at a time, each in a fresh kernel:"
+            )
+            for r in done:
+                reporter.write_line(f"  {r['notebook']:<34}{r['mode']:<8}{r['seconds']:>6.1f}s")
+            reporter.write_line(f"  sum {sum(r['seconds'] for r in done):.1f}s")
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -186,6 +186,7 @@ def test_vllm_test_decode_caches_blocks_as_they_fill():
     assert step.new_block_ids == () and cache.block_hash(4) is None
     step = cache.append("0", [7] * 19)  # fills block 4, spills 10 tokens into a new block
     assert step.new_block_ids == (5,)
+    assert (step.num_tokens, step.num_new_tokens, step.num_computed_tokens) == (78, 19, 19)
     table = cache.block_table("0")
     assert cache.block_hash(table[-2]) is not None and cache.block_hash(table[-1]) is None
     full = common + [3] * 7 + [8] * 4 + [7] * 19
@@ -423,7 +424,7 @@ prompts = st.builds(
 class PrefixCacheMachine(RuleBasedStateMachine):
     @initialize(
         block_size=st.integers(1, 4),
-        num_blocks=st.integers(2, 10),
+        num_blocks=st.integers(2, 16),
         null_block=st.booleans(),
         scheme=st.sampled_from(["lesson", "vllm"]),
     )

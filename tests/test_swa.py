@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvlab.errors import InvalidArgumentError
+from kvlab.errors import InvalidArgumentError, KvlabError
 from kvlab.swa import (
     EMPTY,
     Checkpoint,
@@ -106,6 +106,20 @@ def test_a_repeated_prompt_reprocesses_its_last_token():
     assert (rec.cache_n, rec.prompt_n) == (299, 1)
 
 
+def test_a_reuse_point_inside_the_first_window_follows_the_sources_comparison():
+    # server-context.cpp searches checkpoints when pos_min >= threshold; with the threshold at 0 that
+    # includes a ring starting at 0, so even --swa-full reprocesses a short prefix unless a
+    # checkpoint ends by then
+    slot = SwaSlot(SwaConfig(swa_full=True, ctx_checkpoints=0))
+    slot.complete(list(range(300)))
+    rec = slot.complete(list(range(100)) + [9999])
+    assert rec.threshold == 0 and rec.forced_full and rec.cache_n == 0
+    slot = SwaSlot(SwaConfig(swa_full=True, ctx_checkpoints=0))
+    slot.complete(list(range(300)))
+    rec = slot.complete(list(range(200)) + [9999])
+    assert rec.threshold == 72 and (rec.cache_n, rec.forced_full) == (200, False)
+
+
 def test_checkpoint_limit_drops_the_oldest():
     slot = SwaSlot(SwaConfig(ctx_checkpoints=1))
     rec = slot.complete(list(range(1841)))
@@ -123,7 +137,7 @@ def test_history_shows_each_batch_and_checkpoint(ex):
 def test_ring_refuses_a_ubatch_it_cannot_hold():
     ring = SwaRing(4, n_swa=8)
     ring.place(range(4))
-    with pytest.raises(Exception, match="no room"):
+    with pytest.raises(KvlabError, match="no room"):
         ring.place([4])
     ring.remove_from(2)
     assert ring.cells == [0, 1, EMPTY, EMPTY] and ring.head == 2
@@ -149,7 +163,7 @@ def test_bad_config(kwargs):
         lambda s: s.complete([1, 2, 3], user_starts=[2, 1]),
         lambda s: s.complete([1, 2, 3], max_tokens=-1),
         lambda s: s.complete([1, 2, 3], max_tokens=2, generated=[1, 2, 3]),
-        lambda s: s.complete([1, 2, 3], cache_prompt=None or "no"),
+        lambda s: s.complete([1, 2, 3], cache_prompt="no"),
         lambda s: checkpoint_plan(0),
         lambda s: checkpoint_usable((1, 2), 3, 4),
         lambda s: SwaSlot("config"),
@@ -172,7 +186,7 @@ prompts = st.lists(
 )
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(prompts, st.sampled_from([(64, 128), (16, 32)]), st.booleans())
 def test_ring_and_counters_stay_consistent(reqs, windows, swa_full):
     n_swa, n_ubatch = windows
@@ -185,13 +199,13 @@ def test_ring_and_counters_stay_consistent(reqs, windows, swa_full):
         assert rec.cache_n + rec.prompt_n == length and 0 <= rec.cache_n <= length - 1
         lcp = next((i for i, (a, b) in enumerate(zip(held, prompt, strict=False)) if a != b), min(len(held), length))
         assert rec.cache_n <= lcp
-        if swa_full:  # every position is kept: reuse is the plain common prefix
+        if swa_full and rec.threshold > 0:  # every position is kept: reuse is the plain common prefix
             assert rec.cache_n == min(lcp, length - 1)
-        # the ring holds the newest positions, contiguously, up to its size
+        # the ring holds the newest positions, contiguously, and at least the window the next token needs
         n = len(slot.tokens)
         assert slot.tokens[:length] == prompt
         held_pos = sorted(p for p in slot.ring.cells if p != EMPTY)
         assert held_pos == list(range(n - len(held_pos), n))
-        assert len(held_pos) >= min(n, cfg.cells - n_ubatch)
+        assert len(held_pos) >= min(n, n_swa)
         for cp in slot.checkpoints:
             assert cp.pos_max == cp.n_tokens - 1 and cp.pos_max - cp.pos_min < cfg.cells

@@ -116,6 +116,11 @@ def _short_error(text: str, limit: int = 3000) -> str:
     return text if len(text) <= limit else text[:limit] + "\n[...]"
 
 
+def default_workers() -> int:
+    """$KVLAB_NOTEBOOK_WORKERS, else one kernel per core up to 2."""
+    return int(os.environ.get("KVLAB_NOTEBOOK_WORKERS", "0")) or min(2, os.cpu_count() or 1)
+
+
 def run_many(jobs: list[tuple[Path, bool]], workers: int | None = None) -> list[Future]:
     """Start ``(notebook, solved)`` runs, ``workers`` at a time (default: up to 2); one future per job.
 
@@ -124,8 +129,7 @@ def run_many(jobs: list[tuple[Path, bool]], workers: int | None = None) -> list[
     """
     import nbclient  # noqa: F401  (import once here, not in each thread at the same time)
 
-    workers = workers or int(os.environ.get("KVLAB_NOTEBOOK_WORKERS", "0")) or min(2, os.cpu_count() or 1)
-    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="notebook")
+    pool = ThreadPoolExecutor(max_workers=workers or default_workers(), thread_name_prefix="notebook")
     futures = [pool.submit(run_notebook, path, solved) for path, solved in jobs]
     pool.shutdown(wait=False)  # the threads end once the queued runs are done
     return futures

@@ -114,10 +114,13 @@ def cross_path(cells: Iterable[tuple[float, float]], half: float = 0.32) -> tupl
 
 def line_trace(name: str, xs: list, ys: list, *, color: str, dash: str = "solid", width: float = 3,
                xaxis: str = "x", yaxis: str = "y", legend: bool = True, group: str | None = None) -> dict[str, Any]:
+    """A line trace; with ``legend`` it is listed in the legend even when it has nothing to draw."""
+    if legend and not xs:
+        xs, ys = [None], [None]
     return {
         "type": "scatter", "x": xs, "y": ys, "mode": "lines", "name": name,
         "line": {"color": color, "dash": dash, "width": width},
-        "hoverinfo": "skip", "showlegend": legend and bool(xs), "legendgroup": group or name,
+        "hoverinfo": "skip", "showlegend": legend, "legendgroup": group or name,
         "xaxis": xaxis, "yaxis": yaxis, "connectgaps": False,
     }  # fmt: skip
 

@@ -72,7 +72,7 @@ def animate(specs: list[Spec], captions: list[str], *, frame_ms: int = DEFAULT_F
     controls_y = -(bottom - 6) / plot_h
     step_args = {"mode": "immediate", "frame": {"duration": 0, "redraw": True}, "transition": {"duration": 0}}
     layout["sliders"] = [{
-        "active": 0, "x": 0.13, "len": 0.87, "y": controls_y, "yanchor": "top", "pad": {"t": 0, "b": 0},
+        "active": 0, "x": 0.2, "len": 0.8, "y": controls_y, "yanchor": "top", "pad": {"t": 0, "b": 0},
         "currentvalue": {"prefix": "step ", "visible": True, "font": {"size": 12}},
         "steps": [{"label": str(i), "method": "animate", "args": [[str(i)], step_args]} for i in range(len(specs))],
     }]  # fmt: skip

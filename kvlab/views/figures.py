@@ -14,7 +14,8 @@ cross as well as a colour, and every colour has a legend entry.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from functools import lru_cache
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import plotly.graph_objects as go
@@ -208,9 +209,10 @@ def _short(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
-def _block_hover(block: BlockState, state: BlockPoolState, owners: list[tuple[str, int]],
-                 queue_pos: dict[int, int]) -> str:
-    bs = state.block_size
+@lru_cache(maxsize=16384)
+def _block_cell(block: BlockState, owners: tuple[tuple[str, int], ...], bs: int, detail: bool) -> tuple[int, str, str]:
+    """(status code, label, hover text without the queue position) of one block; memoised, since
+    consecutive snapshots share almost all their blocks and this is a stepper's main cost."""
     lines = [f"<b>block {block.block_id}</b> · {block.status}", theme.STATUS_MEANING[block.status]]
     if owners:
         held = ", ".join(f"{rid} (logical {lg})" for rid, lg in owners)
@@ -221,10 +223,25 @@ def _block_hover(block: BlockState, state: BlockPoolState, owners: list[tuple[st
         lines.append(f"0/{bs} tokens")
     if block.block_hash is not None:
         lines.append(f"cached under hash {block.block_hash}")
-    if block.block_id in queue_pos:
-        lines.append(f"free queue position {queue_pos[block.block_id]} of {len(state.free_queue)} (0 = handed out next)")
     lines.append(f"slots {block.block_id * bs}–{block.block_id * bs + bs - 1}")
-    return "<br>".join(lines)
+    return STATUS_CODE[block.status], _block_label(block, list(owners), detail), "<br>".join(lines)
+
+
+def _block_hover(block: BlockState, state: BlockPoolState, owners: list[tuple[str, int]],
+                 queue_pos: dict[int, int]) -> str:
+    hover = _block_cell(block, tuple(owners), state.block_size, True)[2]
+    if block.block_id in queue_pos:
+        hover += f"<br>free queue position {queue_pos[block.block_id]} (0 = handed out next)"
+    return hover
+
+
+@lru_cache(maxsize=16384)
+def _table_cell(rid: str, logical: int, b: int, k: int, bs: int, ref: int | None) -> str:
+    first = logical * bs
+    refs = f" · ref count {ref}" if ref is not None else ""
+    return (f"<b>{rid}</b>: logical block {logical} → physical block {b}<br>"
+            f"tokens {first}–{first + max(k, 1) - 1} ({k} of {bs}){refs}<br>"
+            f"slots {b * bs}–{b * bs + max(k, 1) - 1}")  # fmt: skip
 
 
 def _check_highlight(state: BlockPoolState, highlight: object) -> tuple[str, int] | None:
@@ -252,7 +269,7 @@ def _check_highlight(state: BlockPoolState, highlight: object) -> tuple[str, int
 def block_pool_spec(state: BlockPoolState, previous: BlockPoolState | None = None, *,
                     highlight: tuple[str, int] | None = None, title: str | None = None,
                     caption: str | None = None, strict: bool = True, table_rows: int = 0,
-                    table_cols: int = 0) -> Spec:
+                    table_cols: int = 0, legend_marks: Collection[str] | None = None) -> Spec:
     """The physical blocks as a grid coloured by status, and the block tables beside it.
 
     ``highlight=(request_id, position)`` outlines that token's logical block in
@@ -260,9 +277,11 @@ def block_pool_spec(state: BlockPoolState, previous: BlockPoolState | None = Non
     block. ``strict=False`` (used by animations) skips a highlight the snapshot
     cannot show instead of raising. ``table_rows``/``table_cols`` reserve room
     for that many block tables and logical blocks, so that every frame of an
-    animation has the same axes.
+    animation has the same axes. ``legend_marks`` lists the marks the legend
+    explains (default: those this snapshot shows).
     """
     check_state("state", state, BlockPoolState)
+    shown = set(block_pool_marks(state) if legend_marks is None else legend_marks)
     try:
         hl = _check_highlight(state, highlight)
     except (InvalidArgumentError, UnknownRequestError):
@@ -279,14 +298,16 @@ def block_pool_spec(state: BlockPoolState, previous: BlockPoolState | None = Non
     z: list[list[int | None]] = [[None] * cols for _ in range(rows)]
     text: list[list[str]] = [[""] * cols for _ in range(rows)]
     hover: list[list[str | None]] = [[None] * cols for _ in range(rows)]
+    no_owner: tuple[tuple[str, int], ...] = ()
     for block in state.blocks:
         r, c = divmod(block.block_id, cols)
         if r >= rows:
             continue
-        own = owners.get(block.block_id, [])
-        z[r][c] = STATUS_CODE[block.status]
-        text[r][c] = _block_label(block, own, detail) if show_text else ""
-        hover[r][c] = _block_hover(block, state, own, queue_pos)
+        code, label, tip = _block_cell(block, tuple(owners.get(block.block_id, no_owner)), bs, detail)
+        z[r][c] = code
+        text[r][c] = label if show_text else ""
+        pos = queue_pos.get(block.block_id)
+        hover[r][c] = tip if pos is None else f"{tip}<br>free queue position {pos} (0 = handed out next)"
 
     def cell(b: int) -> tuple[int, int]:
         r, c = divmod(b, cols)
@@ -308,15 +329,9 @@ def block_pool_spec(state: BlockPoolState, previous: BlockPoolState | None = Non
         for logical, b in enumerate(table):
             block = blocks[b] if 0 <= b < n else None
             tz[row][logical] = STATUS_CODE[block.status] if block is not None else None
-            first = logical * bs
-            k = max(0, min(bs, length - first))
+            k = max(0, min(bs, length - logical * bs))
             ttext[row][logical] = str(b) if table_text else ""
-            ref = f" · ref count {block.ref_count}" if block is not None else ""
-            thover[row][logical] = (
-                f"<b>{rid}</b>: logical block {logical} → physical block {b}<br>"
-                f"tokens {first}–{first + max(k, 1) - 1} ({k} of {bs}){ref}<br>"
-                f"slots {b * bs}–{b * bs + max(k, 1) - 1}"
-            )
+            thover[row][logical] = _table_cell(rid, logical, b, k, bs, block.ref_count if block else None)
             where_in_tables.setdefault(b, []).append((logical, row))
     table_labels = [f"{rid} · {seq_len.get(rid, 0)} tok" for rid, _ in state.tables]
     table_labels += [""] * (trows - len(table_labels))
@@ -333,10 +348,11 @@ def block_pool_spec(state: BlockPoolState, previous: BlockPoolState | None = Non
         table_cells = [tc for b in ids for tc in where_in_tables.get(b, [])]
         if cross:
             xs, ys = cross_path([(x + 0.27, y - 0.22) for x, y in grid_cells], half=0.1)
-            return [_mark(kind, xs, ys, width=2.5)]
+            return [_mark(kind, xs, ys, width=2.5, legend=kind in shown)]
         gx, gy = rect_path(grid_cells, inset=inset)
         tx, ty = rect_path(table_cells, inset=inset)
-        return [_mark(kind, gx, gy), _mark(kind, tx, ty, xaxis="x2", yaxis="y2", legend=False)]
+        return [_mark(kind, gx, gy, legend=kind in shown),
+                _mark(kind, tx, ty, xaxis="x2", yaxis="y2", legend=False)]
 
     data += marks("hit", state.hit_blocks, 0.07)
     data += marks("new", state.new_blocks, 0.07)
@@ -367,7 +383,7 @@ def block_pool_spec(state: BlockPoolState, previous: BlockPoolState | None = Non
         hl_text = (f"{rid} token {pos} → logical block {logical}, offset {offset} → physical block {physical} "
                    f"→ slot {physical}×{bs}+{offset} = {slot}")  # fmt: skip
     else:
-        data.append(_mark("highlight", [], []))
+        data.append(_mark("highlight", [], [], legend=False))
         data.append(_mark("highlight", [], [], xaxis="x2", yaxis="y2", legend=False))
         data.append({"type": "scatter", "mode": "markers+lines", "x": [], "y": [], "showlegend": False,
                      "name": "slot", "hoverinfo": "skip", "xaxis": "x", "yaxis": "y",
@@ -431,16 +447,19 @@ def block_pool_figure(state: BlockPoolState, highlight: tuple[str, int] | None =
 
 
 def free_queue_spec(state: BlockPoolState, previous: BlockPoolState | None = None, *,
-                    title: str | None = None, caption: str | None = None) -> Spec:
+                    title: str | None = None, caption: str | None = None,
+                    legend_marks: Collection[str] | None = None) -> Spec:
     """The free queue from front (handed out next, so evicted first) to back, and what left it this op.
 
     With ``previous`` (the snapshot before the op) the blocks that left the
     queue are drawn above the place they left from, evicted hashes are named,
-    and blocks that joined the queue are outlined.
+    and blocks that joined the queue are outlined. ``legend_marks`` lists the
+    marks the legend explains (default: those this snapshot shows).
     """
     check_state("state", state, BlockPoolState)
     if previous is not None:
         check_state("previous", previous, BlockPoolState)
+    shown = set(free_queue_marks(state, previous) if legend_marks is None else legend_marks)
     usable = max(1, state.num_blocks - (1 if state.null_block is not None else 0))
     cols = min(usable, 32)
     qrows = max(1, math.ceil(usable / cols))
@@ -510,8 +529,9 @@ def free_queue_spec(state: BlockPoolState, previous: BlockPoolState | None = Non
                         half=0.1)
     joined = [b for b in state.free_queue if previous is not None and b not in prev_pos]
     fx, fy = rect_path([qcell(b) for b in joined], inset=0.07)
-    data += [_mark("hit", hx, hy), _mark("new", nx, ny), _mark("evicted", ex, ey, width=2.5),
-             _mark("freed", fx, fy)]  # fmt: skip
+    data += [_mark("hit", hx, hy, legend="hit" in shown), _mark("new", nx, ny, legend="new" in shown),
+             _mark("evicted", ex, ey, width=2.5, legend="evicted" in shown),
+             _mark("freed", fx, fy, legend="freed" in shown)]  # fmt: skip
 
     cached = sum(1 for b in state.free_queue if blocks[b].block_hash is not None)
     if state.free_queue:
@@ -593,13 +613,15 @@ def _radix_layout(root: RadixNodeState) -> tuple[dict[int, tuple[float, int]], l
 
 def radix_tree_spec(state: RadixState, previous: RadixState | None = None, *,
                     title: str | None = None, caption: str | None = None,
-                    extent: tuple[int, int, int] = (0, 0, 0)) -> Spec:
+                    extent: tuple[int, int, int] = (0, 0, 0), legend_marks: Collection[str] | None = None) -> Spec:
     """Node boxes with their token runs, lock counts and last access; splits, the match and evictions marked.
 
     ``extent=(leaves, depth, evicted runs)`` reserves room for a larger tree so
-    that every frame of an animation keeps the same scale.
+    that every frame of an animation keeps the same scale. ``legend_marks``
+    lists the marks the legend explains (default: those this snapshot shows).
     """
     check_state("state", state, RadixState)
+    shown = set(radix_marks(state) if legend_marks is None else legend_marks)
     pos, order = _radix_layout(state.root)
     nodes = [n for n, _ in order]
     leaves = max(sum(1 for n in nodes if not n.children), extent[0])
@@ -656,8 +678,7 @@ def radix_tree_spec(state: RadixState, previous: RadixState | None = None, *,
         xs, ys = rect_path(boxes[kind], 0.16 if kind == "root" else _BOX_W, 0.22 if kind == "root" else _BOX_H)
         color = theme.NODE_COLORS[kind]
         return {"type": "scatter", "mode": "lines", "x": xs, "y": ys, "fill": "toself", "fillcolor": color,
-                "line": {"color": theme.INK, "width": 1}, "name": {"root": "root", "unlocked": "unlocked (evictable)",
-                "locked": "locked (protected)"}[kind], "hoverinfo": "skip", "showlegend": kind != "root",
+                "line": {"color": theme.INK, "width": 1}, "name": kind, "hoverinfo": "skip", "showlegend": False,
                 "legendgroup": kind}  # fmt: skip
 
     split_x, split_y = rect_path([pos[i] for i in state.split_nodes if i in pos], _BOX_W + 0.05, _BOX_H + 0.07)
@@ -668,9 +689,13 @@ def radix_tree_spec(state: RadixState, previous: RadixState | None = None, *,
         {"type": "scatter", "mode": "lines", "x": ex, "y": ey, "line": {"color": theme.GREY, "width": 1.5},
          "hoverinfo": "skip", "showlegend": False, "name": "edges"},
         filled("root"), filled("unlocked"), filled("locked"),
-        line_trace("created by a split in this op", split_x, split_y, color=theme.BLACK, dash="dash", width=2.5),
-        line_trace("the last match ended here", mx, my, color=theme.GREEN, width=3),
-        line_trace("evicted by this op", evx, evy, color=theme.VERMILLION, dash="dot", width=2.5),
+        legend_entry("unlocked (evictable)", theme.NODE_COLORS["unlocked"], group="unlocked"),
+        legend_entry("locked (protected)", theme.NODE_COLORS["locked"], group="locked"),
+        line_trace("created by a split in this op", split_x, split_y, color=theme.BLACK, dash="dash", width=2.5,
+                   legend="split" in shown),
+        line_trace("the last match ended here", mx, my, color=theme.GREEN, width=3, legend="matched" in shown),
+        line_trace("evicted by this op", evx, evy, color=theme.VERMILLION, dash="dot", width=2.5,
+                   legend="evicted" in shown),
         {"type": "scatter", "mode": "text", "x": tx, "y": ty, "text": ttext, "hovertext": hover,
          "hovertemplate": "%{hovertext}<extra></extra>", "textfont": {"size": 11, "color": tcolor,
          "family": theme.MONO_FAMILY}, "showlegend": False, "name": "nodes"},
@@ -1088,6 +1113,27 @@ def utilization_figure(fills: Mapping[str, Any] | Sequence[Any], *, title: str |
     return go.Figure({"data": data, "layout": layout})
 
 
+def block_pool_marks(state: BlockPoolState) -> set[str]:
+    """The marks a block-pool snapshot shows: what its operation hit, allocated, copied, evicted."""
+    found = {"hit": state.hit_blocks, "new": state.new_blocks, "copied": state.copied_blocks,
+             "evicted": state.evicted_blocks}  # fmt: skip
+    return {k for k, v in found.items() if v}
+
+
+def free_queue_marks(state: BlockPoolState, previous: BlockPoolState | None) -> set[str]:
+    """The marks a free-queue snapshot shows (blocks that left the queue, evictions, blocks that joined)."""
+    marks = {k for k in block_pool_marks(state) if k in ("hit", "new", "evicted")}
+    if previous is not None and set(state.free_queue) - set(previous.free_queue):
+        marks.add("freed")
+    return marks
+
+
+def radix_marks(state: RadixState) -> set[str]:
+    """The marks a radix snapshot shows: a split, where a match ended, evicted runs."""
+    found = {"split": state.split_nodes, "matched": state.matched_node is not None, "evicted": state.evicted_runs}
+    return {k for k, v in found.items() if v}
+
+
 def radix_extent(state: RadixState) -> tuple[int, int, int]:
     """(leaves, depth, evicted runs) of a radix snapshot: the room its figure needs."""
     leaves = depth = 0
@@ -1103,10 +1149,15 @@ def view_hints(view: str, states: Sequence[Any]) -> dict[str, Any]:
         return {
             "table_rows": max((len(s.tables) for s in states), default=0),
             "table_cols": max((len(t) for s in states for _, t in s.tables), default=0),
+            "legend_marks": set().union(*(block_pool_marks(s) for s in states)),
         }
+    if view == "free_queue":
+        pairs = zip(states, [None, *states[:-1]], strict=True)
+        return {"legend_marks": set().union(*(free_queue_marks(s, p) for s, p in pairs))}
     if view == "radix":
         extents = [radix_extent(s) for s in states]
-        return {"extent": tuple(max(e[i] for e in extents) for i in range(3))}
+        return {"extent": tuple(max(e[i] for e in extents) for i in range(3)),
+                "legend_marks": set().union(*(radix_marks(s) for s in states))}
     return {}
 
 

@@ -1,0 +1,124 @@
+"""Exercises of notebook 06, hash chains (lesson example 6).
+
+The expected answers come from ``kvlab.hashing`` and ``kvlab.prefix_cache``; nothing here states them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvlab.exercises.core import NotYet, call, exercise
+from kvlab.hashing import LESSON_EXAMPLE_6_BASE, block_hashes
+from kvlab.prefix_cache import PrefixCache
+
+EDITED_POSITION = 6  # exercise 06.1: this token of the base sequence becomes 99
+
+
+def _edited() -> list[int]:
+    tokens = list(LESSON_EXAMPLE_6_BASE)
+    tokens[EDITED_POSITION] = 99
+    return tokens
+
+
+@exercise(
+    "06.1",
+    title="Which hashes change?",
+    assesses="predicting the effect of an edit on a hash chain: the block that holds it and every block after it",
+    minutes=4,
+    answer_type="list",
+    hints=[
+        "Token 6 is in block 6 // 4 = 1. Its hash covers its tokens, so it changes.",
+        "Every later block's hash covers its parent's hash. Remember the base sequence has 3 full blocks (0, 1, 2).",
+    ],
+)
+def changed_blocks(answer: list[Any]) -> str:
+    base = block_hashes(LESSON_EXAMPLE_6_BASE, 4)
+    edited = block_hashes(_edited(), 4)
+    expected = [i for i, (a, b) in enumerate(zip(base, edited, strict=True)) if a != b]
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in answer):
+        raise NotYet("Give block indices as whole numbers, e.g. [0, 2].")
+    if sorted(answer) == expected:
+        return (
+            f"Block {expected[0]} holds the edit and every later hash covers it; blocks before it keep their "
+            f"hashes, so a lookup still finds {expected[0] * 4} tokens."
+        )
+    if sorted(answer) == expected[:1]:
+        raise NotYet("Block 1's hash changes, but it is also the parent of block 2's hash.")
+    if 3 in answer:
+        raise NotYet("The last two tokens form a partial block, which has no hash at all.")
+    if 0 in answer:
+        raise NotYet("Block 0 is hashed before the edit: its tokens and its parent (the fixed seed) are unchanged.")
+    raise NotYet(f"{sorted(answer)} are not the blocks whose hashes differ after the edit.")
+
+
+@exercise(
+    "06.2",
+    title="Build the chain",
+    assesses="writing the chaining rule: each full block hashed with its parent's hash, block 0 with the fixed seed, partial blocks skipped",
+    minutes=8,
+    answer_type="function",
+    hints=[
+        "Start with parent = none_hash(). For each full block, parent = hash_block(parent, its tokens), and keep it.",
+        "Stop before a block that has fewer than block_size tokens: range(0, len(tokens) - block_size + 1, block_size).",
+    ],
+)
+def chain(answer: Any) -> str:
+    cases = [
+        (list(LESSON_EXAMPLE_6_BASE), 4),
+        (_edited(), 4),
+        (list(range(1000, 1070)), 16),
+        ([5, 6, 7], 4),
+        ([1, 2, 3, 4, 5, 6, 7, 8], 4),
+        (list(range(10)), 1),
+    ]
+    for tokens, block_size in cases:
+        expected = block_hashes(tokens, block_size)
+        got = call(answer, list(tokens), block_size)
+        if not isinstance(got, (list, tuple)):
+            raise NotYet(f"Return a list of digests (bytes), one per full block; got {type(got).__name__}.")
+        got = list(got)
+        if got == expected:
+            continue
+        shown = f"chain({_short(tokens)}, {block_size})"
+        if len(got) != len(expected):
+            raise NotYet(f"{shown} returned {len(got)} hashes; the sequence has {len(expected)} full blocks.")
+        if got and got[0] == expected[0]:
+            raise NotYet(f"{shown}: block 0 is right, a later one is not. Is each block hashed with the previous hash?")
+        raise NotYet(f"{shown}: block 0's hash differs. Its parent is the fixed seed none_hash().")
+    return f"It matches kvlab's block_hashes on {len(cases)} sequences, the lesson's base and a partial-only one."
+
+
+@exercise(
+    "06.3",
+    title="vLLM never hits the whole prompt",
+    assesses="applying vLLM's prompt_len - 1 cap to whole-block hits",
+    minutes=6,
+    answer_type="function",
+    hints=[
+        "At most prompt_len - 1 tokens may come from the cache, because the last one must be computed for the logits.",
+        "Hits are whole blocks: round prompt_len - 1 down to a multiple of block_size.",
+    ],
+)
+def max_cached_tokens(answer: Any) -> str:
+    cases = [(64, 16), (65, 16), (90, 16), (15, 16), (16, 16), (17, 16), (1, 4), (48, 4)]
+    for prompt_len, block_size in cases:
+        cache = PrefixCache(2 * (prompt_len // block_size + 1), block_size)
+        tokens = list(range(100, 100 + prompt_len))
+        cache.allocate("first", tokens)
+        cache.free("first")
+        expected = cache.allocate("again", tokens).num_cached_tokens
+        got = call(answer, prompt_len, block_size)
+        if got != expected:
+            hint = ""
+            if got == (prompt_len // block_size) * block_size:
+                hint = " That counts every full block; vLLM keeps the last prompt token for itself."
+            raise NotYet(
+                f"max_cached_tokens({prompt_len}, {block_size}) returned {got!r}; kvlab's vLLM prefix cache "
+                f"finds a different number when the same prompt is sent twice.{hint}"
+            )
+    return f"It agrees with kvlab's PrefixCache on {len(cases)} prompts: a 64-token prompt reuses 48, a 65-token one 64."
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
