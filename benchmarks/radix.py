@@ -1,12 +1,12 @@
 """Radix tree throughput on a 100k-op chat-like trace: ``python benchmarks/radix.py [--ops N]``.
 
-The trace: users share a few long system prompts and grow their own
-conversations turn by turn. Each turn is what SGLang's scheduler does with a
-request: ``match`` the prompt, ``lock`` the node it ended at, ``insert`` the
-prompt plus the reply when the request finishes, ``unlock`` the old node; when
+The trace: users share a few system prompts and grow their own conversations
+turn by turn. Each request is what SGLang's scheduler does with one: ``match``
+the prompt and ``lock`` the node it ended at; when it finishes (16 run at
+once), ``insert`` the prompt plus the reply and ``unlock`` the old node; when
 the tree holds more than its capacity, ``evict`` the excess.
 
-It runs the trace twice and prints ops/s side by side:
+It prints ops/s for the whole trace, then, on its first 20k ops, side by side:
 
 * ``kvlab``: ``RadixTree`` as shipped, one heap of evictable leaves kept across
   calls (stale entries skipped), O(log n) per evicted leaf;

@@ -248,7 +248,7 @@ class SlotServer:
 
         ``generated`` are the tokens the model will sample (the last one is never
         cached); by default ``max_tokens`` tokens come from the server's ``reply``
-        function. A prompt must be shorter than the slot context ``n_ctx``; the
+        function (llama-server's own default is no limit; kvlab needs a number). A prompt must be shorter than the slot context ``n_ctx``; the
         reply stops when the slot is full, as llama-server stops without context shift.
         """
         toks = check_tokens("prompt", prompt)

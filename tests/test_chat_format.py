@@ -18,7 +18,7 @@ from kvlab.errors import InvalidArgumentError
 
 def test_special_tokens_have_fixed_ids():
     tok = Tokenizer()
-    assert tok.encode("<|im_start|>system\n") [0] == SPECIAL_TOKENS["<|im_start|>"] == 1
+    assert tok.encode("<|im_start|>system\n")[0] == SPECIAL_TOKENS["<|im_start|>"] == 1
     assert tok.encode("<|im_end|>") == [2]
     assert tok.decode([0, 1, 2]) == "<|endoftext|><|im_start|><|im_end|>"
 

@@ -986,11 +986,14 @@ def tokens_per_turn_figure(series: Mapping[str, Any] | Sequence[Any], *, cumulat
                            title: str | None = None) -> go.Figure:
     """Example 13: tokens the server must process on each turn, one line per history policy.
 
-    ``series`` maps a policy name to its per-turn counts (a list of numbers, or
-    of records with ``processed``/``prompt_n``).
+    ``series`` maps a policy name to its per-turn counts: a list of numbers, a
+    list of records with ``processed_tokens`` (or ``processed``, ``prompt_n``,
+    ``computed_tokens``), or a run with such ``turns`` (``kvlab.agents.example_13()``
+    and ``kvlab.layout.example_9()`` work as they are).
     """
     return per_turn_figure(series, y_title="tokens processed", title=title or "Tokens processed per turn",
-                           value_fields=("processed", "prompt_n", "computed", "tokens"), cumulative=cumulative)
+                           value_fields=("turns", "processed_tokens", "processed", "prompt_n", "computed_tokens",
+                                         "computed"), cumulative=cumulative)
 
 
 def cache_n_figure(runs: Mapping[str, Sequence[Any]] | Sequence[Any], *, title: str | None = None) -> go.Figure:
