@@ -159,7 +159,7 @@ def renders() -> Iterator[Render]:
 
 def edge_pools() -> Iterator[tuple[str, BlockPoolState]]:
     yield "no blocks", BlockPoolState(block_size=16, blocks=())
-    yield "empty, 8 blocks", PrefixCache(8, 16).snapshot()
+    yield "empty 8 blocks", PrefixCache(8, 16).snapshot()
     one = PrefixCache(1, 16)
     one.allocate("A", list(range(10)))
     yield "one block", one.snapshot()
@@ -201,12 +201,13 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     for name, make in jobs:
         figs.append(make())
-        paths.append(out / f"{name}.png")
+        paths.append(out / f"{name.replace(' ', '_')}.png")
     try:
         import kaleido  # noqa: F401  (kaleido >= 1 renders many figures with one browser)
         import plotly.io as pio
 
-        pio.write_images(figs, paths, width=WIDTH, scale=args.scale)
+        heights = [fig.layout.height or 500 for fig in figs]  # kaleido ignores layout.height otherwise
+        pio.write_images(figs, paths, width=WIDTH, height=heights, scale=args.scale)
     except Exception as exc:  # noqa: BLE001 - say what is missing, in one line
         print(f"render_figures: cannot write PNGs ({type(exc).__name__}: {exc}); "
               "install kaleido and Chromium (apt-get install chromium)", file=sys.stderr)  # fmt: skip

@@ -509,6 +509,6 @@ class PrefixCacheMachine(RuleBasedStateMachine):
 
 
 PrefixCacheMachine.TestCase.settings = settings(
-    max_examples=60, stateful_step_count=50, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=50, stateful_step_count=50, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 test_prefix_cache_invariants = PrefixCacheMachine.TestCase

@@ -47,11 +47,12 @@ _STATUS_SCALE = discrete_colorscale([theme.STATUS_COLORS[s] for s in theme.STATU
 _DARK_STATUSES = {"in use", "null"}
 
 
-def _heatmap(z, text, hover, *, xaxis: str, yaxis: str, name: str, font_size: int, x=None, y=None) -> dict[str, Any]:
+def _heatmap(z, text, hover, *, xaxis: str, yaxis: str, name: str, font_size: int, x=None, y=None,
+             gap: int = 2) -> dict[str, Any]:
     trace: dict[str, Any] = {
         "type": "heatmap", "z": z, "text": text, "hovertext": hover, "name": name,
         "colorscale": _STATUS_SCALE, "zmin": -0.5, "zmax": len(theme.STATUSES) - 0.5, "showscale": False,
-        "xgap": 2, "ygap": 2, "texttemplate": "%{text}", "textfont": {"size": font_size},
+        "xgap": gap, "ygap": 2, "texttemplate": "%{text}", "textfont": {"size": font_size},
         "hovertemplate": "%{hovertext}<extra></extra>", "xaxis": xaxis, "yaxis": yaxis, "hoverongaps": False,
     }  # fmt: skip
     if x is not None:
@@ -188,18 +189,19 @@ def _owners(state: BlockPoolState) -> dict[int, list[tuple[str, int]]]:
     return owners
 
 
-def _block_label(block: BlockState, owners: list[tuple[str, int]], detail: bool) -> str:
+def _block_label(block: BlockState, owners: list[tuple[str, int]], detail: int) -> str:
+    """The block id, and below it (up to ``detail`` characters) its owner, ref count or hash."""
     head = str(block.block_id)
-    if not detail:
+    if detail < 2:
         return head
     status = block.status
     if status == "null":
         extra = "null"
     elif status == "in use":
         names = sorted({rid for rid, _ in owners})
-        extra = _short(names[0], 6) if len(names) == 1 and block.ref_count == 1 else f"×{block.ref_count}"
+        extra = _short(names[0], detail) if len(names) == 1 and block.ref_count == 1 else f"×{block.ref_count}"
     elif status == "free, cached":
-        extra = _short(block.block_hash or "", 8)
+        extra = _short(block.block_hash or "", min(detail, 8))
     else:
         extra = ""
     return f"<b>{head}</b><br>{extra}" if extra else f"<b>{head}</b>"
@@ -210,7 +212,7 @@ def _short(text: str, n: int) -> str:
 
 
 @lru_cache(maxsize=16384)
-def _block_cell(block: BlockState, owners: tuple[tuple[str, int], ...], bs: int, detail: bool) -> tuple[int, str, str]:
+def _block_cell(block: BlockState, owners: tuple[tuple[str, int], ...], bs: int, detail: int) -> tuple[int, str, str]:
     """(status code, label, hover text without the queue position) of one block; memoised, since
     consecutive snapshots share almost all their blocks and this is a stepper's main cost."""
     lines = [f"<b>block {block.block_id}</b> · {block.status}", theme.STATUS_MEANING[block.status]]
@@ -229,7 +231,7 @@ def _block_cell(block: BlockState, owners: tuple[tuple[str, int], ...], bs: int,
 
 def _block_hover(block: BlockState, state: BlockPoolState, owners: list[tuple[str, int]],
                  queue_pos: dict[int, int]) -> str:
-    hover = _block_cell(block, tuple(owners), state.block_size, True)[2]
+    hover = _block_cell(block, tuple(owners), state.block_size, 8)[2]
     if block.block_id in queue_pos:
         hover += f"<br>free queue position {queue_pos[block.block_id]} (0 = handed out next)"
     return hover
@@ -291,7 +293,11 @@ def block_pool_spec(state: BlockPoolState, previous: BlockPoolState | None = Non
     n = state.num_blocks
     bs = state.block_size
     cols, rows = grid_shape(n)
-    detail = cols <= 16
+    tcols = max(max((len(t) for _, t in state.tables), default=0), table_cols, 1)
+    trows = max(len(state.tables), table_rows, 1)
+    split = 0.55 if tcols <= 12 else 0.45
+    # how many characters fit under a block's id: about 6.5 px a character, figures ~1000 px wide
+    detail = int(split * 940 / cols / 6.5) if cols <= 16 else 0
     show_text = cols <= 16
     owners = _owners(state)
     queue_pos = {b: i for i, b in enumerate(state.free_queue)}
@@ -315,9 +321,6 @@ def block_pool_spec(state: BlockPoolState, previous: BlockPoolState | None = Non
 
     # block tables: one row per request, one column per logical block
     seq_len = dict(state.seq_lens)
-    width = max((len(t) for _, t in state.tables), default=0)
-    tcols = max(width, table_cols, 1)
-    trows = max(len(state.tables), table_rows, 1)
     tz: list[list[int | None]] = [[None] * tcols for _ in range(trows)]
     ttext: list[list[str]] = [[""] * tcols for _ in range(trows)]
     thover: list[list[str | None]] = [[None] * tcols for _ in range(trows)]
@@ -339,7 +342,7 @@ def block_pool_spec(state: BlockPoolState, previous: BlockPoolState | None = Non
     data: list[dict[str, Any]] = [
         _heatmap(z, text, hover, xaxis="x", yaxis="y", name="blocks", font_size=11 if cols <= 8 else 10),
         _heatmap(tz, ttext, thover, xaxis="x2", yaxis="y2", name="block tables", font_size=11,
-                 y=list(range(trows))),
+                 y=list(range(trows)), gap=2 if tcols <= 40 else 0),
     ]  # fmt: skip
     data += _status_legend(state.null_block is not None)
 
@@ -398,7 +401,6 @@ def block_pool_spec(state: BlockPoolState, previous: BlockPoolState | None = Non
 
     cell_px = 44 if cols <= 8 else (36 if cols <= 16 else 18)
     plot_h = max(rows * cell_px, trows * 32, 90)
-    split = 0.55 if tcols <= 12 else 0.45
     ticks_every = 1 if tcols <= 24 else math.ceil(tcols / 12)
     top = top_margin(2 if hl_text else 1, True)
     layout = base_layout(
@@ -409,12 +411,14 @@ def block_pool_spec(state: BlockPoolState, previous: BlockPoolState | None = Non
         legend={"orientation": "h", "y": -0.04, "x": 0, "yanchor": "top", "font": {"size": 11},
                 "traceorder": "normal"},
         xaxis={"domain": [0, split], "range": [-0.5, cols - 0.5], "showgrid": False, "zeroline": False,
-               "tickmode": "array", "tickvals": list(range(cols)),
-               "ticktext": [f"+{c}" if rows > 1 else str(c) for c in range(cols)],
+               "tickmode": "array", "tickvals": list(range(0, cols, 1 if cols <= 16 else 4)),
+               "ticktext": [f"+{c}" if rows > 1 else str(c) for c in range(0, cols, 1 if cols <= 16 else 4)],
+               "tickangle": 0,
                "side": "top", "fixedrange": True, "tickfont": {"size": 10},
                "title": {"text": "physical blocks" + (" (id = row start + column)" if rows > 1 else ""),
                          "standoff": 4, "font": {"size": 12}}},
-        yaxis={"range": [rows - 0.5, -0.5], "showgrid": False, "zeroline": False, "tickmode": "array",
+        yaxis={"domain": [max(0.0, 1 - rows * cell_px / plot_h), 1], "range": [rows - 0.5, -0.5],
+               "showgrid": False, "zeroline": False, "tickmode": "array",
                "tickvals": list(range(rows)), "ticktext": [str(r * cols) for r in range(rows)],
                "visible": rows > 1, "fixedrange": True, "tickfont": {"size": 10}},
         xaxis2={"domain": [split + 0.14, 1], "range": [-0.5, tcols - 0.5], "showgrid": False, "zeroline": False,
