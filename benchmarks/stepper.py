@@ -19,6 +19,7 @@ the process's CPU time, since a busy machine inflates the former.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import statistics
@@ -49,10 +50,8 @@ def workload(num_ops: int, seed: int, num_blocks: int = 256, block_size: int = 1
             continue
         if live and roll < 0.5:
             n = rng.randint(1, 40)
-            try:
+            with contextlib.suppress(OutOfBlocksError):  # a full pool refuses; that is fine here
                 cache.append(rng.choice(live), list(range(next_token, next_token + n)))
-            except OutOfBlocksError:
-                pass
             next_token += n
             continue
         n, shared = rng.randint(20, 300), rng.randint(0, len(system))

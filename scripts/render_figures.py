@@ -41,7 +41,8 @@ def frame_figure(fig: go.Figure, index: int) -> go.Figure:
     for trace, new in zip(out.data, frame.data, strict=True):
         trace.update(new.to_plotly_json(), overwrite=True)
     if frame.layout is not None:
-        out.layout.update(frame.layout.to_plotly_json())
+        for key, value in frame.layout.to_plotly_json().items():
+            out.layout[key] = value  # replace, as plotly.js does when it animates to the frame
     out.layout.sliders[0].active = index
     return out
 

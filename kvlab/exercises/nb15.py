@@ -10,16 +10,22 @@ from functools import cache
 from typing import Any
 
 from kvlab.exercises.core import NotYet, exercise
-from kvlab.fleet import FleetConfig, simulate
+from kvlab.fleet import ChatTraffic, FleetConfig, chat_traffic, simulate
 from kvlab.prefix_cache import PrefixCache
 
 TOLERANCE = 0.05  # percentage points: answers rounded to one decimal place are right
 
 
 @cache
+def _traffic() -> ChatTraffic:
+    """The lesson's requests (200 users, 6 turns, seed 1), drawn once for every check."""
+    return chat_traffic()
+
+
+@cache
 def _percent(config: FleetConfig) -> float:
     """The hit rate of one scenario of the lesson's fleet, in percent (cached: checks may be repeated)."""
-    return 100 * simulate(config).hit_rate
+    return 100 * simulate(config, traffic=_traffic()).hit_rate
 
 
 def _check_percent(answer: float, expected: float, others: dict[str, float]) -> None:
@@ -104,7 +110,8 @@ def replicas_and_routing(answer: dict[Any, Any]) -> str:
     if set(answer) != {"round-robin", "user-hash"}:
         raise NotYet("Give a dict with exactly two keys, 'round-robin' and 'user-hash'.")
     expected = {
-        routing: _percent(FleetConfig(replicas=4, routing=routing)) for routing in ("round-robin", "user-hash")
+        routing: _percent(FleetConfig(replicas=4, routing=routing))
+        for routing in ("round-robin", "user-hash")
     }
     one = _percent(FleetConfig())
     values = {}
@@ -117,10 +124,14 @@ def replicas_and_routing(answer: dict[Any, Any]) -> str:
     swapped = all(abs(values[a] - expected[b]) < TOLERANCE for a, b in
                   (("round-robin", "user-hash"), ("user-hash", "round-robin")))  # fmt: skip
     if swapped:
-        raise NotYet("The two values are swapped: which routing sends a user's next turn to the same replica?")
+        raise NotYet(
+            "The two values are swapped: which routing sends a user's next turn to the same replica?"
+        )
     for routing in ("round-robin", "user-hash"):
         if abs(values[routing] - one) < TOLERANCE:
-            raise NotYet(f"{values[routing]}% is the single-replica hit rate; set replicas=4 for {routing!r}.")
+            raise NotYet(
+                f"{values[routing]}% is the single-replica hit rate; set replicas=4 for {routing!r}."
+            )
         if abs(values[routing] - expected[routing]) >= TOLERANCE:
             raise NotYet(f"{values[routing]}% is not what kvlab's fleet gives for {routing!r} routing.")
     rr, uh = expected["round-robin"], expected["user-hash"]
@@ -160,7 +171,9 @@ def same_prompt_twice(answer: list[Any]) -> str:
     if answer[0] + answer[1] != cached + computed:
         raise NotYet(f"The two numbers add up to {sum(answer):,}; the prompt has 2,000 tokens.")
     if answer == [2000, 0]:
-        raise NotYet("Not all of it: the model must run on at least one position to produce the first new token.")
+        raise NotYet(
+            "Not all of it: the model must run on at least one position to produce the first new token."
+        )
     if answer == [1999, 1]:
         raise NotYet("Only the last token must run, but the cache hands out whole blocks, not single tokens.")
     if answer == [computed, cached]:

@@ -8,6 +8,7 @@ the stepper (send only what changed) need.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -58,16 +59,44 @@ def check_title(title: object) -> str | None:
     return title
 
 
+HEAD_WIDTH = 88  # characters of a bold 16 px title that fit a ~950 px wide figure
+SUB_WIDTH = 135  # characters of the 12 px subtitle
+
+
+def wrap(text: str, width: int) -> str:
+    """``text`` with ``<br>`` breaks so that no line is much wider than ``width`` characters.
+
+    Existing ``<br>`` breaks are kept; plotly does not wrap titles itself.
+    """
+    out = []
+    for line in text.split("<br>"):
+        out.append("<br>".join(textwrap.wrap(line, width, break_on_hyphens=False)) or line)
+    return "<br>".join(out)
+
+
 def title_text(title: str, subtitle: str | None = None) -> dict[str, Any]:
-    text = f"<b>{title}</b>"
+    text = f"<b>{wrap(title, HEAD_WIDTH)}</b>"
     if subtitle:
-        text += f"<br><span style='font-size:12px'>{subtitle}</span>"
+        text += f"<br><span style='font-size:12px'>{wrap(subtitle, SUB_WIDTH)}</span>"
     return {"text": text}
 
 
-def top_margin(subtitle_lines: int, axis_on_top: bool = False) -> int:
-    """Room above the plot for the title, its subtitle lines and, when there, a top axis with its title."""
-    return 44 + 17 * subtitle_lines + (44 if axis_on_top else 6)
+def top_margin(title: dict[str, Any], axis_on_top: bool = False, head_lines: int = 0, sub_lines: int = 0) -> int:
+    """Room above the plot for the title's lines and, when there, a top axis with its title.
+
+    ``head_lines`` and ``sub_lines`` reserve room for at least that many title
+    and subtitle lines, so that the steps of a stepper, whose captions differ in
+    length, share one plot area.
+    """
+    head, _, sub = title["text"].partition("</b>")
+    heads = max(head.count("<br>") + 1, head_lines)
+    subs = max(sub.count("<br>") if sub else 0, sub_lines)  # the subtitle starts with its own <br>
+    return 24 + 21 * heads + 17 * subs + (44 if axis_on_top else 6)
+
+
+def title_lines(text: str) -> int:
+    """How many lines ``text`` takes as a figure's bold title."""
+    return wrap(text, HEAD_WIDTH).count("<br>") + 1
 
 
 def base_layout(title: dict[str, Any], **extra: Any) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from kvlab.errors import InvalidArgumentError, check_int
-from kvlab.views._common import Spec, check_title, steps_of
+from kvlab.views._common import Spec, check_title, steps_of, title_lines
 from kvlab.views.figures import VIEW_SPECS, view_hints
 
 DEFAULT_FRAME_MS = 900
@@ -36,13 +36,15 @@ def view_specs(view: str, history: object, *, title: str | None = None, **option
     states = [s for _, s in steps]
     hints = view_hints(view, states)
     count = len(steps)
-    specs = []
-    for i, (caption, state) in enumerate(steps):
-        previous = states[i - 1] if i > 0 else None
+    heads = []
+    for i, (caption, _) in enumerate(steps):
         head = step_caption(i, count, caption)
-        if title:
-            head = f"{title} · {head}"
-        specs.append(spec_fn(state, previous, caption=head, **options, **hints))
+        heads.append(f"{title} · {head}" if title else head)
+    hints["head_lines"] = max(title_lines(h) for h in heads)
+    specs = []
+    for i, state in enumerate(states):
+        previous = states[i - 1] if i > 0 else None
+        specs.append(spec_fn(state, previous, caption=heads[i], **options, **hints))
     return specs, [c for c, _ in steps]
 
 
@@ -53,16 +55,19 @@ def animate(specs: list[Spec], captions: list[str], *, frame_ms: int = DEFAULT_F
     check_int("frame_ms", frame_ms, minimum=1)
     first = specs[0]
     layout = dict(first["layout"])
-    height = max(s["layout"].get("height", 450) for s in specs)
-    margin = dict(layout.get("margin", {}))
-    bottom = margin.get("b", 80)
-    plot_h = max(height - margin.get("t", 80) - bottom, 1)
-    margin["b"] = bottom + _CONTROLS_PX
-    layout.update(height=height + _CONTROLS_PX, margin=margin)
-    if "title" in layout and height:
-        layout["title"] = dict(layout["title"], y=1 - 10 / (height + _CONTROLS_PX))
+    # one plot area for every frame: the largest plot, the most room above and below it
+    margins = [s["layout"].get("margin", {}) for s in specs]
+    top = max(m.get("t", 80) for m in margins)
+    bottom = max(m.get("b", 80) for m in margins)
+    plot_h = max(s["layout"].get("height", 450) - m.get("t", 80) - m.get("b", 80) for s, m in zip(specs, margins,
+                                                                                                 strict=True))
+    height = plot_h + top + bottom + _CONTROLS_PX
+    layout.update(height=height, margin=dict(layout.get("margin", {}), t=top, b=bottom + _CONTROLS_PX))
+    if "title" in layout:
+        layout["title"] = dict(layout["title"], y=1 - 10 / height)
     # layout keys that differ between frames travel with every frame
-    changing = sorted({k for s in specs for k, v in s["layout"].items() if first["layout"].get(k) != v} - {"height"})
+    changing = sorted({k for s in specs for k, v in s["layout"].items() if first["layout"].get(k) != v}
+                      - {"height", "margin"})  # fmt: skip
     frames = []
     for i, spec in enumerate(specs):
         frame_layout = {k: spec["layout"].get(k) for k in changing}

@@ -14,8 +14,8 @@ cross as well as a colour, and every colour has a legend entry.
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 from collections.abc import Collection, Mapping, Sequence
+from functools import lru_cache
 from typing import Any
 
 import plotly.graph_objects as go
@@ -36,7 +36,6 @@ from kvlab.views._common import (
     legend_entry,
     line_trace,
     rect_path,
-    run_label,
     title_text,
     tokens_text,
     top_margin,
@@ -88,8 +87,13 @@ def _summary_counts(state: BlockPoolState) -> dict[str, int]:
 
 
 def contiguous_spec(state: ContiguousState, previous: ContiguousState | None = None, *,
-                    title: str | None = None, caption: str | None = None) -> Spec:
-    """The pool as one strip of slots: what each region stores, what it reserved but does not use, the gaps."""
+                    title: str | None = None, caption: str | None = None, head_lines: int = 0,
+                    sub_lines: int = 0) -> Spec:
+    """The pool as one strip of slots: what each region stores, what it reserved but does not use, the gaps.
+
+    ``head_lines``/``sub_lines`` (as in every ``*_spec``) reserve room for that
+    many title and subtitle lines, so the steps of a stepper share one plot area.
+    """
     check_state("state", state, ContiguousState)
     pool = state.pool_size
     parts: dict[str, dict[str, list]] = {name: {"x": [], "base": [], "hover": []} for name in theme.REGION_COLORS}
@@ -105,9 +109,12 @@ def contiguous_spec(state: ContiguousState, previous: ContiguousState | None = N
         spare["hover"].append(
             f"<b>{r.owner}</b>: {r.size - r.used} slots reserved but unused<br>(internal fragmentation)"
         )
-        labels_x.append(r.start + r.size / 2)
-        labels_text.append(_fit_label(f"{r.owner}<br>{r.used}/{r.size}", r.size, pool, short=r.owner))
-        labels_color.append("white" if 2 * r.used >= r.size else theme.INK)
+        # the label sits on the larger part of the region, in a colour readable there
+        on_used = 2 * r.used >= r.size
+        part = r.used if on_used else r.size - r.used
+        labels_x.append(r.start + r.used / 2 if on_used else r.start + r.used + part / 2)
+        labels_text.append(_fit_label(f"{r.owner}<br>{r.used}/{r.size}", part, pool, short=r.owner))
+        labels_color.append("white" if on_used else theme.INK)
     gaps = state.gaps
     for start, size in gaps:
         gap = parts["free gap"]
@@ -141,13 +148,15 @@ def contiguous_spec(state: ContiguousState, previous: ContiguousState | None = N
     if state.rejected:
         sub += f"<br>refused so far: {', '.join(state.rejected)}"
     head = caption or title or "Contiguous KV pool"
+    ttl = title_text(head, sub)
+    top = top_margin(ttl, False, head_lines, sub_lines)
     layout = base_layout(
-        title_text(head, sub),
-        barmode="overlay", height=300, showlegend=True,
-        legend={"orientation": "h", "y": -0.35, "x": 0, "yanchor": "top"},
-        xaxis={"range": [0, pool], "title": {"text": "slot"}, "showgrid": False, "zeroline": False},
+        ttl,
+        barmode="overlay", height=110 + top + 95, showlegend=True,
+        legend={"orientation": "h", "y": -0.5, "x": 0, "yanchor": "top"},
+        xaxis={"range": [0, pool], "title": {"text": "slot", "standoff": 2}, "showgrid": False, "zeroline": False},
         yaxis={"visible": False, "range": [-0.6, 0.6], "fixedrange": True},
-        margin={"l": 30, "r": 30, "t": top_margin(2 if state.rejected else 1), "b": 90},
+        margin={"l": 30, "r": 30, "t": top, "b": 95},
     )  # fmt: skip
     return {"data": data, "layout": layout}
 
@@ -199,7 +208,7 @@ def _block_label(block: BlockState, owners: list[tuple[str, int]], detail: int) 
         extra = "null"
     elif status == "in use":
         names = sorted({rid for rid, _ in owners})
-        extra = _short(names[0], detail) if len(names) == 1 and block.ref_count == 1 else f"×{block.ref_count}"
+        extra = _abbrev(names[0], detail) if len(names) == 1 and block.ref_count == 1 else f"×{block.ref_count}"
     elif status == "free, cached":
         extra = _short(block.block_hash or "", min(detail, 8))
     else:
@@ -209,6 +218,18 @@ def _block_label(block: BlockState, owners: list[tuple[str, int]], detail: int) 
 
 def _short(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def _abbrev(name: str, n: int) -> str:
+    """A request id in at most ``n`` characters: "request 2" becomes "r2", other long ids are cut."""
+    if len(name) <= n:
+        return name
+    words = name.split()
+    if len(words) > 1:
+        short = "".join(w[0] for w in words[:-1]) + words[-1]
+        if len(short) <= n:
+            return short
+    return _short(name, n)
 
 
 @lru_cache(maxsize=16384)
@@ -271,7 +292,8 @@ def _check_highlight(state: BlockPoolState, highlight: object) -> tuple[str, int
 def block_pool_spec(state: BlockPoolState, previous: BlockPoolState | None = None, *,
                     highlight: tuple[str, int] | None = None, title: str | None = None,
                     caption: str | None = None, strict: bool = True, table_rows: int = 0,
-                    table_cols: int = 0, legend_marks: Collection[str] | None = None) -> Spec:
+                    table_cols: int = 0, legend_marks: Collection[str] | None = None, head_lines: int = 0,
+                    sub_lines: int = 0) -> Spec:
     """The physical blocks as a grid coloured by status, and the block tables beside it.
 
     ``highlight=(request_id, position)`` outlines that token's logical block in
@@ -402,9 +424,10 @@ def block_pool_spec(state: BlockPoolState, previous: BlockPoolState | None = Non
     cell_px = 44 if cols <= 8 else (36 if cols <= 16 else 18)
     plot_h = max(rows * cell_px, trows * 32, 90)
     ticks_every = 1 if tcols <= 24 else math.ceil(tcols / 12)
-    top = top_margin(2 if hl_text else 1, True)
+    ttl = title_text(head, sub)
+    top = top_margin(ttl, True, head_lines, sub_lines)
     layout = base_layout(
-        title_text(head, sub),
+        ttl,
         height=plot_h + top + 85,
         margin={"l": 60, "r": 20, "t": top, "b": 85},
         showlegend=True,
@@ -430,9 +453,9 @@ def block_pool_spec(state: BlockPoolState, previous: BlockPoolState | None = Non
                 "range": [trows - 0.5, -0.5], "showgrid": False, "zeroline": False, "tickmode": "array",
                 "tickvals": list(range(trows)), "ticktext": table_labels, "anchor": "x2", "fixedrange": True,
                 "tickfont": {"size": 11}},
-        annotations=[] if state.tables else [
-            {"text": "no block tables", "xref": "x2", "yref": "y2", "x": 0, "y": 0, "showarrow": False,
-             "font": {"color": theme.GREY}}],
+        # always one annotation, empty when there are tables, so every frame has the same layout keys
+        annotations=[{"text": "" if state.tables else "no block tables", "xref": "x2", "yref": "y2",
+                      "x": (tcols - 1) / 2, "y": 0, "showarrow": False, "font": {"color": theme.GREY}}],
     )  # fmt: skip
     return {"data": data, "layout": layout}
 
@@ -452,7 +475,8 @@ def block_pool_figure(state: BlockPoolState, highlight: tuple[str, int] | None =
 
 def free_queue_spec(state: BlockPoolState, previous: BlockPoolState | None = None, *,
                     title: str | None = None, caption: str | None = None,
-                    legend_marks: Collection[str] | None = None) -> Spec:
+                    legend_marks: Collection[str] | None = None, head_lines: int = 0,
+                    sub_lines: int = 0) -> Spec:
     """The free queue from front (handed out next, so evicted first) to back, and what left it this op.
 
     With ``previous`` (the snapshot before the op) the blocks that left the
@@ -556,9 +580,10 @@ def free_queue_spec(state: BlockPoolState, previous: BlockPoolState | None = Non
             for r in range(qrows)
         ]
     cell_px = 48 if cols <= 8 else (40 if cols <= 16 else 24)
-    top = top_margin(1, True)
+    ttl = title_text(head, sub)
+    top = top_margin(ttl, True, head_lines, sub_lines)
     layout = base_layout(
-        title_text(head, sub),
+        ttl,
         height=rows * cell_px + top + 75,
         margin={"l": 120, "r": 20, "t": top, "b": 75},
         showlegend=True,
@@ -589,10 +614,6 @@ def free_queue_figure(state: BlockPoolState, previous: BlockPoolState | None = N
 
 # ====================================================================== radix tree (example 8)
 
-_BOX_W = 0.44
-_BOX_H = 0.32
-
-
 def _radix_layout(root: RadixNodeState) -> tuple[dict[int, tuple[float, int]], list[tuple[RadixNodeState, int]]]:
     """x (leaves on 0, 1, 2, ...; a parent centred over its children) and depth of every node."""
     pos: dict[int, tuple[float, int]] = {}
@@ -615,80 +636,116 @@ def _radix_layout(root: RadixNodeState) -> tuple[dict[int, tuple[float, int]], l
     return pos, order
 
 
+def _fit_run(tokens: Sequence[int], chars: int) -> str:
+    """A token run in at most about ``chars`` characters: all ids, the ends and the length, or the length."""
+    for text in (
+        "[" + ", ".join(map(str, tokens)) + "]",
+        f"[{tokens[0]}, {tokens[1]}, … {tokens[-1]}] ({len(tokens)})" if len(tokens) > 3 else "",
+        f"[{tokens[0]} … {tokens[-1]}] ({len(tokens)})" if len(tokens) > 1 else "",
+    ):
+        if text and len(text) <= chars:
+            return text
+    return f"{len(tokens)} tok"
+
+
 def radix_tree_spec(state: RadixState, previous: RadixState | None = None, *,
                     title: str | None = None, caption: str | None = None,
-                    extent: tuple[int, int, int] = (0, 0, 0), legend_marks: Collection[str] | None = None) -> Spec:
+                    extent: tuple[int, int, int] = (0, 0, 0), legend_marks: Collection[str] | None = None,
+                    head_lines: int = 0, sub_lines: int = 0) -> Spec:
     """Node boxes with their token runs, lock counts and last access; splits, the match and evictions marked.
 
-    ``extent=(leaves, depth, evicted runs)`` reserves room for a larger tree so
-    that every frame of an animation keeps the same scale. ``legend_marks``
-    lists the marks the legend explains (default: those this snapshot shows).
+    Up to 8 leaves the tree grows downwards; a wider tree grows to the right,
+    one row per leaf, so its labels keep their room. ``extent=(leaves, depth,
+    evicted runs)`` reserves room for a larger tree so that every frame of an
+    animation keeps the same scale and direction. ``legend_marks`` lists the
+    marks the legend explains (default: those this snapshot shows).
     """
     check_state("state", state, RadixState)
     shown = set(radix_marks(state) if legend_marks is None else legend_marks)
-    pos, order = _radix_layout(state.root)
+    pos, order = _radix_layout(state.root)  # node id -> (leaf coordinate u, depth d)
     nodes = [n for n, _ in order]
-    leaves = max(sum(1 for n in nodes if not n.children), extent[0])
-    limit = 6 if leaves <= 6 else 3
-    max_x = max(max((x for x, _ in pos.values()), default=0.0), extent[0] - 1)
-    max_depth = max(max((d for _, d in pos.values()), default=0), extent[1])
-    evicted_x = max_x + 1.3
+    leaves = max(sum(1 for n in nodes if not n.children), extent[0], 1)
+    n_evicted = max(len(state.evicted_runs), extent[2])
+    max_u = leaves - 1
+    max_d = max(max((d for _, d in pos.values()), default=0), extent[1])
+    across = leaves > 8  # grow to the right, one row per leaf
+    if across:
+        half_w, half_h = 0.44, 0.36  # along depth (x), along leaves (y)
+        evicted_at = [(max_d + 1.3, float(i)) for i in range(len(state.evicted_runs))]
+        unit_px = 940 / (max_d + 1 + (1.3 if n_evicted else 0))
+    else:
+        half_w, half_h = 0.44, 0.32  # along leaves (x), along depth (y)
+        evicted_at = [(max_u + 1.3, 1.0 + i) for i in range(len(state.evicted_runs))]
+        unit_px = 940 / (max_u + 1 + (1.3 if n_evicted else 0))
+    chars = max(4, int(2 * half_w * unit_px / 6.8))
+
+    def xy(node_id: int) -> tuple[float, float]:
+        u, d = pos[node_id]
+        return (float(d), u) if across else (u, float(d))
+
+    root_w, root_h = (0.2, half_h) if across else (min(half_w, 0.2), 0.22)
     boxes: dict[str, list[tuple[float, float]]] = {k: [] for k in ("root", "unlocked", "locked")}
     ex: list[float | None] = []
     ey: list[float | None] = []
     tx, ty, ttext, tcolor, hover = [], [], [], [], []
     prefix_len: dict[int, int] = {state.root.node_id: 0}
     for node, depth in order:
+        x0, y0 = xy(node.node_id)
         for child in node.children:
             prefix_len[child.node_id] = prefix_len[node.node_id] + len(child.key)
-            x0, y0 = pos[node.node_id]
-            x1, y1 = pos[child.node_id]
-            ex += [x0, x0, x1, x1, None]
-            ey += [y0 + (0.22 if depth == 0 else _BOX_H), (y0 + y1) / 2 + 0.1, (y0 + y1) / 2 + 0.1, y1 - _BOX_H, None]
-        x, y = pos[node.node_id]
-        is_root = depth == 0
-        kind = "root" if is_root else ("locked" if node.lock_ref > 0 else "unlocked")
-        boxes[kind].append((x, y))
-        tx.append(x)
-        ty.append(y)
-        ns = f"<br>ns {_short(node.extra_key, 8)}" if node.extra_key is not None else ""
-        if is_root:
+            x1, y1 = xy(child.node_id)
+            if across:
+                start = x0 + (root_w if depth == 0 else half_w)
+                mid = (start + x1 - half_w) / 2
+                ex += [start, mid, mid, x1 - half_w, None]
+                ey += [y0, y0, y1, y1, None]
+            else:
+                start = y0 + (root_h if depth == 0 else half_h)
+                mid = (start + y1 - half_h) / 2
+                ex += [x0, x0, x1, x1, None]
+                ey += [start, mid, mid, y1 - half_h, None]
+        kind = "root" if depth == 0 else ("locked" if node.lock_ref > 0 else "unlocked")
+        boxes[kind].append((x0, y0))
+        tx.append(x0)
+        ty.append(y0)
+        if depth == 0:
             ttext.append("<b>root</b>")
             hover.append(f"<b>root</b> (node {node.node_id})<br>{state.total_tokens} tokens cached below")
             tcolor.append("white")
-        else:
-            lock = f"lock {node.lock_ref}" if node.lock_ref else "unlocked"
-            ttext.append(f"{run_label(node.key, limit)}<br>{lock} · t={node.last_access}{ns}")
-            tcolor.append("white" if kind == "locked" else theme.INK)
-            extra = f"<br>namespace (extra_key) {node.extra_key}" if node.extra_key is not None else ""
-            hover.append(
-                f"<b>node {node.node_id}</b> · {len(node.key)} tokens {tokens_text(node.key, 16)}<br>"
-                f"lock_ref {node.lock_ref} ({'protected' if node.lock_ref else 'evictable'})"
-                f" · last access t={node.last_access}<br>"
-                f"prefix from the root: {prefix_len[node.node_id]} tokens"
-                f"{' · leaf' if not node.children else ''}{extra}"
-            )
-    ev_cells = []
-    for i, run in enumerate(state.evicted_runs):
-        ex_y = 1 + i
-        ev_cells.append((evicted_x, ex_y))
-        tx.append(evicted_x)
-        ty.append(ex_y)
-        ttext.append(f"{run_label(run, limit)}<br>evicted")
+            continue
+        lock = (f"lock {node.lock_ref}" if node.lock_ref else "unlocked") + f" · t={node.last_access}"
+        if len(lock) > chars:
+            lock = f"L{node.lock_ref} t{node.last_access}"
+        ns = f"<br>ns {_short(node.extra_key, chars - 3)}" if node.extra_key is not None else ""
+        ttext.append(f"{_fit_run(node.key, chars)}<br>{lock}{ns}")
+        tcolor.append("white" if kind == "locked" else theme.INK)
+        extra = f"<br>namespace (extra_key) {node.extra_key}" if node.extra_key is not None else ""
+        hover.append(
+            f"<b>node {node.node_id}</b> · {len(node.key)} tokens {tokens_text(node.key, 16)}<br>"
+            f"lock_ref {node.lock_ref} ({'protected' if node.lock_ref else 'evictable'})"
+            f" · last access t={node.last_access}<br>"
+            f"prefix from the root: {prefix_len[node.node_id]} tokens"
+            f"{' · leaf' if not node.children else ''}{extra}"
+        )
+    for (x, y), run in zip(evicted_at, state.evicted_runs, strict=True):
+        tx.append(x)
+        ty.append(y)
+        ttext.append(f"{_fit_run(run, chars)}<br>evicted")
         tcolor.append(theme.VERMILLION)
         hover.append(f"<b>evicted by this op</b>: {len(run)} tokens {tokens_text(run, 16)}")
 
     def filled(kind: str) -> dict[str, Any]:
-        xs, ys = rect_path(boxes[kind], 0.16 if kind == "root" else _BOX_W, 0.22 if kind == "root" else _BOX_H)
-        color = theme.NODE_COLORS[kind]
-        return {"type": "scatter", "mode": "lines", "x": xs, "y": ys, "fill": "toself", "fillcolor": color,
-                "line": {"color": theme.INK, "width": 1}, "name": kind, "hoverinfo": "skip", "showlegend": False,
-                "legendgroup": kind}  # fmt: skip
+        w, h = (root_w, root_h) if kind == "root" else (half_w, half_h)
+        xs, ys = rect_path(boxes[kind], w, h)
+        return {"type": "scatter", "mode": "lines", "x": xs, "y": ys, "fill": "toself",
+                "fillcolor": theme.NODE_COLORS[kind], "line": {"color": theme.INK, "width": 1}, "name": kind,
+                "hoverinfo": "skip", "showlegend": False, "legendgroup": kind}  # fmt: skip
 
-    split_x, split_y = rect_path([pos[i] for i in state.split_nodes if i in pos], _BOX_W + 0.05, _BOX_H + 0.07)
-    matched = [pos[state.matched_node]] if state.matched_node in pos else []
-    mx, my = rect_path(matched, _BOX_W + 0.1, _BOX_H + 0.13)
-    evx, evy = rect_path(ev_cells, _BOX_W, _BOX_H)
+    pad_w, pad_h = (0.03, 0.05) if across else (0.03, 0.06)
+    split_x, split_y = rect_path([xy(i) for i in state.split_nodes if i in pos], half_w + pad_w, half_h + pad_h)
+    matched = [xy(state.matched_node)] if state.matched_node in pos else []
+    mx, my = rect_path(matched, half_w + 2 * pad_w, half_h + 2 * pad_h)
+    evx, evy = rect_path(evicted_at, half_w, half_h)
     data: list[dict[str, Any]] = [
         {"type": "scatter", "mode": "lines", "x": ex, "y": ey, "line": {"color": theme.GREY, "width": 1.5},
          "hoverinfo": "skip", "showlegend": False, "name": "edges"},
@@ -708,20 +765,30 @@ def radix_tree_spec(state: RadixState, previous: RadixState | None = None, *,
            f"protected {state.protected_size}" + (f" · page size {state.page_size}" if state.page_size > 1 else "")
            + " · t = last access")  # fmt: skip
     head = caption or title or "Radix tree"
-    annotations = []
-    if state.evicted_runs:
-        annotations.append({"x": evicted_x, "y": 0.4, "text": "<b>evicted by this op</b>", "showarrow": False,
-                            "font": {"color": theme.VERMILLION, "size": 12}})  # fmt: skip
-    right = evicted_x if (state.evicted_runs or extent[2]) else max_x
-    bottom = max(max_depth, len(state.evicted_runs), extent[2])
+    # one annotation always (empty when nothing was evicted), so frames share their layout keys
+    label_at = (max_d + 1.3, -0.75) if across else (max_u + 1.3, 0.4)
+    annotations = [{"x": label_at[0], "y": label_at[1], "text": "<b>evicted by this op</b>" if evicted_at else "",
+                    "showarrow": False, "font": {"color": theme.VERMILLION, "size": 12}}]  # fmt: skip
+    ttl = title_text(head, sub)
+    top = top_margin(ttl, False, head_lines, sub_lines)
+    if across:
+        rows = max(leaves, n_evicted)
+        height = rows * 46 + 40 + top + 70
+        xr = [-0.6, (max_d + 1.3 if n_evicted else max_d) + 0.6]
+        yr = [rows - 1 + 0.6, -1.0]
+    else:
+        bottom = max(max_d, n_evicted)
+        height = (bottom + 1) * 95 + top + 70
+        xr = [-0.6, (max_u + 1.3 if n_evicted else max_u) + 0.6]
+        yr = [bottom + 0.6, -0.6]
     layout = base_layout(
-        title_text(head, sub),
-        height=max(260, (bottom + 1) * 95 + top_margin(1) + 70),
-        margin={"l": 20, "r": 20, "t": top_margin(1), "b": 70},
+        ttl,
+        height=height,
+        margin={"l": 20, "r": 20, "t": top, "b": 70},
         showlegend=True,
         legend={"orientation": "h", "y": -0.02, "x": 0, "yanchor": "top", "font": {"size": 11}},
-        xaxis={"visible": False, "range": [-0.6, right + 0.6], "fixedrange": True},
-        yaxis={"visible": False, "range": [bottom + 0.6, -0.6], "fixedrange": True},
+        xaxis={"visible": False, "range": xr, "fixedrange": True},
+        yaxis={"visible": False, "range": yr, "fixedrange": True},
         annotations=annotations,
     )  # fmt: skip
     return {"data": data, "layout": layout}
@@ -791,7 +858,7 @@ def hash_chain_spec(chains: Mapping[str, Sequence[Any]], *, block_size: int | No
             same = i < len(base) and d == base[i]
             kind = kinds[0] if same else kinds[1]
             zr[i] = kinds.index(kind)
-            mark = "=" if r == 0 else ("same" if same else "changed")
+            mark = "reference" if r == 0 else ("same" if same else "changed")
             tr[i] = f"<b>{d[:8]}</b><br>{mark}"
             why = ""
             if not same and first_change is not None and i > first_change:
@@ -821,10 +888,12 @@ def hash_chain_spec(chains: Mapping[str, Sequence[Any]], *, block_size: int | No
     what = f"{block_size}-token blocks, " if block_size else ""
     sub = (f"{what}scheme {scheme!r}: each block's hash covers its parent's hash, so one change "
            f"changes every later hash · compared with {rows[0][0]!r} ({first_len} full blocks)")
+    ttl = title_text(title or "Chained block hashes", sub)
+    top = top_margin(ttl, True)
     layout = base_layout(
-        title_text(title or "Chained block hashes", sub),
-        height=len(rows) * 56 + top_margin(1, True) + 80,
-        margin={"l": 110, "r": 20, "t": top_margin(1, True), "b": 80},
+        ttl,
+        height=len(rows) * 56 + top + 80,
+        margin={"l": 110, "r": 20, "t": top, "b": 80},
         legend={"orientation": "h", "y": -0.06, "x": 0, "yanchor": "top"},
         xaxis={"range": [-0.5, ncols - 0.5], "tickmode": "array", "tickvals": list(range(ncols)),
                "ticktext": [f"block {i}" for i in range(ncols)], "side": "top", "showgrid": False,

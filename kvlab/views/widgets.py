@@ -28,7 +28,7 @@ from plotly.basedatatypes import Undefined
 
 from kvlab.errors import InvalidArgumentError, KvlabError, ScenarioError, check_int
 from kvlab.snapshots import BlockPoolState, ContiguousState, History, RadixState
-from kvlab.views._common import Spec, steps_of
+from kvlab.views._common import Spec, steps_of, title_lines
 from kvlab.views.animations import step_caption
 from kvlab.views.figures import VIEW_SPECS, block_pool_spec, free_queue_spec, view_hints
 
@@ -221,6 +221,9 @@ class Stepper(widgets.VBox):
                     f"view {v!r} draws {wanted.__name__} snapshots, but this history holds {state_type.__name__}"
                 )
             hints = view_hints(v, self.states)
+            count = len(self.states)
+            hints["head_lines"] = max(title_lines(step_caption(i, count, c)) for i, c in enumerate(self.captions))
+            hints["sub_lines"] = 2
             if v == "block_pool":
                 hints.update(highlight=highlight, strict=False)
             out.append((v, spec_fn, hints))

@@ -1,0 +1,224 @@
+"""Example 13's step-by-step view: each turn's prompt, split into cached and processed tokens, per policy.
+
+``kvlab.agents.run_agent`` returns per-turn records (``AgentTurn``) rather than
+a history, so ``agent_turns_history(runs)`` first lines the runs up turn by
+turn: step 0 is before the first turn, step k the state after turn k of every
+policy at once. The figure has two panels:
+
+* **this turn's prompt**, one bar per policy: the part the cache served (the
+  common prefix with the previous prompt) and the part the server had to
+  process. A policy that trims the front of its history shows a short cached
+  part and a long processed part on every turn;
+* **processed so far**, one bar per policy: the running total, on an axis wide
+  enough for the largest total, so the gap between policies grows frame by frame.
+
+``agent_turns_animation`` (plain plotly, plays in exported HTML) and
+``agent_turns_stepper`` (a live widget) show the steps with the same axes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import plotly.graph_objects as go
+
+from kvlab.agents import AgentRun, AgentTurn
+from kvlab.errors import InvalidArgumentError, check_int
+from kvlab.snapshots import History
+from kvlab.views import theme
+from kvlab.views._common import Spec, base_layout, check_title, steps_of, title_text
+from kvlab.views.animations import DEFAULT_FRAME_MS, animate, step_caption
+from kvlab.views.widgets import Stepper
+
+_ROW_PX = 46
+
+
+@dataclass(frozen=True)
+class AgentTurnsState:
+    """Every policy after the same turn: that turn's record (None before turn 1) and the total processed so far."""
+
+    turn: int
+    names: tuple[str, ...]
+    current: tuple[AgentTurn | None, ...]
+    totals: tuple[int, ...]
+
+
+def _runs(runs: object) -> list[tuple[str, AgentRun]]:
+    if isinstance(runs, AgentRun):
+        runs = [runs]
+    if isinstance(runs, Mapping):
+        pairs = [(str(k), v) for k, v in runs.items()]
+    elif isinstance(runs, Sequence) and not isinstance(runs, (str, bytes)):
+        pairs = [(getattr(r, "name", f"run {i + 1}"), r) for i, r in enumerate(runs)]
+    else:
+        raise InvalidArgumentError(
+            f"runs must be a kvlab.agents.AgentRun, a list of them or a dict name -> AgentRun, got {type(runs).__name__}"
+        )
+    if not pairs:
+        raise InvalidArgumentError("runs is empty: give at least one AgentRun (kvlab.agents.run_agent)")
+    for name, run in pairs:
+        if not isinstance(run, AgentRun):
+            raise InvalidArgumentError(f"{name!r} is a {type(run).__name__}, not a kvlab.agents.AgentRun")
+    lengths = {len(run.turns) for _, run in pairs}
+    if len(lengths) != 1:
+        raise InvalidArgumentError(f"the runs have different numbers of turns ({sorted(lengths)}); play the same turns")
+    return pairs
+
+
+def agent_turns_history(runs: Mapping[str, AgentRun] | Sequence[AgentRun] | AgentRun) -> History[AgentTurnsState]:
+    """The runs side by side, one step per turn (step 0: before the first turn)."""
+    pairs = _runs(runs)
+    names = tuple(n for n, _ in pairs)
+    history: History[AgentTurnsState] = History()
+    history.add("before the first turn", AgentTurnsState(0, names, (None,) * len(names), (0,) * len(names)))
+    totals = [0] * len(names)
+    for k in range(len(pairs[0][1].turns)):
+        current = tuple(run.turns[k] for _, run in pairs)
+        totals = [t + c.processed_tokens for t, c in zip(totals, current, strict=True)]
+        caption = f"turn {k + 1}, tokens processed: " + "; ".join(
+            f"{n} {c.processed_tokens:,}" for n, c in zip(names, current, strict=True)
+        )
+        history.add(caption, AgentTurnsState(k + 1, names, current, tuple(totals)))
+    return history
+
+
+def _check_state(state: object) -> None:
+    if not isinstance(state, AgentTurnsState):
+        raise InvalidArgumentError(
+            f"state must be an AgentTurnsState, got {type(state).__name__}; build them with agent_turns_history(runs)"
+        )
+
+
+def agent_turn_spec(state: AgentTurnsState, previous: AgentTurnsState | None = None, *, title: str | None = None,
+                    caption: str | None = None, prompt_max: int | None = None, total_max: int | None = None,
+                    prefix_tokens: int | None = None) -> Spec:
+    """One turn of every policy as plain dicts: the prompt (cached | processed) and the running total."""
+    _check_state(state)
+    check_title(title)
+    check_title(caption)
+    prompts = [c.prompt_tokens if c else 0 for c in state.current]
+    if prompt_max is None:
+        prompt_max = max(prompts)
+    if total_max is None:
+        total_max = max(state.totals)
+    check_int("prompt_max", max(prompt_max, 1), minimum=1)
+    check_int("total_max", max(total_max, 1), minimum=1)
+    if prefix_tokens is not None:
+        check_int("prefix_tokens", prefix_tokens, minimum=0)
+    names = list(state.names)
+    cached = [c.cached_tokens if c else 0 for c in state.current]
+    processed = [c.processed_tokens if c else 0 for c in state.current]
+
+    def label(v: int, what: str, axis_max: int) -> str:
+        if v <= 0:
+            return ""
+        return f"{v:,} {what}" if v >= 0.16 * axis_max else f"{v:,}" if v >= 0.05 * axis_max else ""
+
+    data: list[dict[str, Any]] = [
+        {
+            "type": "bar", "orientation": "h", "name": "from the cache (common prefix with the last prompt)",
+            "y": names, "x": cached, "marker": {"color": theme.BLUE, "line": {"color": "white", "width": 1}},
+            "text": [label(v, "cached", prompt_max) for v in cached], "textposition": "inside",
+            "insidetextanchor": "middle", "textfont": {"color": "white"},
+            "hovertemplate": "%{y}: %{x:,} tokens from the cache<extra></extra>", "xaxis": "x", "yaxis": "y",
+        },
+        {
+            "type": "bar", "orientation": "h", "name": "processed this turn", "y": names, "x": processed,
+            "marker": {"color": theme.ORANGE, "line": {"color": "white", "width": 1},
+                       "pattern": {"shape": "/", "fgcolor": theme.INK, "fgopacity": 0.3, "size": 8}},
+            "text": [label(v, "processed", prompt_max) for v in processed], "textposition": "inside",
+            "insidetextanchor": "middle", "textfont": {"color": theme.INK},
+            "hovertemplate": "%{y}: %{x:,} tokens processed this turn<extra></extra>", "xaxis": "x", "yaxis": "y",
+        },
+        {
+            "type": "bar", "orientation": "h", "name": "processed so far (all turns)", "y": names,
+            "x": list(state.totals), "marker": {"color": theme.VERMILLION, "line": {"color": "white", "width": 1}},
+            "text": [f"{t:,}" if t else "" for t in state.totals], "textposition": "auto",
+            "textfont": {"color": theme.INK}, "cliponaxis": False,
+            "hovertemplate": "%{y}: %{x:,} tokens processed in turns 1..%{meta}<extra></extra>", "meta": state.turn,
+            "xaxis": "x2", "yaxis": "y2",
+        },
+    ]  # fmt: skip
+    shapes = []
+    if prefix_tokens:
+        shapes.append({"type": "line", "xref": "x", "yref": "y domain", "x0": prefix_tokens, "x1": prefix_tokens,
+                       "y0": 0, "y1": 1, "line": {"color": theme.INK, "dash": "dot", "width": 2}})  # fmt: skip
+    annotations = [
+        {"text": f"<b>turn {state.turn}'s prompt</b>" if state.turn else "<b>the prompt</b>", "xref": "paper",
+         "yref": "paper", "x": 0, "y": 1, "yanchor": "bottom", "xanchor": "left", "showarrow": False},
+        {"text": "<b>tokens processed so far</b>", "xref": "paper", "yref": "paper", "x": 0, "y": 0.42,
+         "yanchor": "bottom", "xanchor": "left", "showarrow": False},
+    ]  # fmt: skip
+    if prefix_tokens:
+        annotations.append({"text": "end of the fixed prefix", "x": prefix_tokens, "xref": "x", "y": 1,
+                            "yref": "y domain", "yanchor": "bottom", "xanchor": "left", "showarrow": False,
+                            "font": {"size": 11}})  # fmt: skip
+    sub = "; ".join(f"{n}: prompt {p:,}" for n, p in zip(names, prompts, strict=True)) if state.turn else ""
+    ttl = title_text(caption or title or "Agent turns: cached and processed tokens", sub or None)
+    head, _, rest = ttl["text"].partition("</b>")
+    top = 30 + 21 * (head.count("<br>") + 1) + 17 * rest.count("<br>") + 34
+    panel = _ROW_PX * len(names)
+    plot_h = int(panel / 0.4)
+    layout = base_layout(
+        ttl, barmode="stack", height=top + plot_h + 110, showlegend=True, shapes=shapes, annotations=annotations,
+        xaxis={"range": [0, prompt_max * 1.02], "title": {"text": "prompt tokens", "standoff": 2},
+               "anchor": "y"},
+        yaxis={"domain": [0.58, 0.94], "autorange": "reversed", "automargin": True, "fixedrange": True},
+        xaxis2={"range": [0, total_max * 1.1], "title": {"text": "tokens processed, turns so far", "standoff": 2},
+                "anchor": "y2"},
+        yaxis2={"domain": [0, 0.36], "autorange": "reversed", "automargin": True, "fixedrange": True},
+        legend={"orientation": "h", "y": -0.22, "x": 0, "yanchor": "top"},
+        margin={"l": 20, "r": 30, "t": top, "b": 110},
+    )  # fmt: skip
+    return {"data": data, "layout": layout}
+
+
+def agent_turns_hints(history: object) -> dict[str, int]:
+    """The axes every step of an agent-turns history shares."""
+    states = [s for _, s in steps_of(history, AgentTurnsState)]
+    return {
+        "prompt_max": max(max((c.prompt_tokens for c in s.current if c), default=0) for s in states) or 1,
+        "total_max": max(max(s.totals) for s in states) or 1,
+    }
+
+
+def agent_turn_figure(runs: Mapping[str, AgentRun] | Sequence[AgentRun] | AgentRun, turn: int, *,
+                      prefix_tokens: int | None = None, title: str | None = None) -> go.Figure:
+    """One turn of the runs, on the axes of the whole run (``turn`` counts from 1)."""
+    history = agent_turns_history(runs)
+    check_int("turn", turn, minimum=1)
+    if turn >= len(history):
+        raise InvalidArgumentError(f"turn {turn} does not exist: the runs have turns 1..{len(history) - 1}")
+    return go.Figure(agent_turn_spec(history[turn].state, title=title, caption=title or history[turn].caption,
+                                     prefix_tokens=prefix_tokens, **agent_turns_hints(history)))
+
+
+def agent_turns_animation(runs: Mapping[str, AgentRun] | Sequence[AgentRun] | AgentRun, *,
+                          prefix_tokens: int | None = None, title: str | None = None,
+                          frame_ms: int = DEFAULT_FRAME_MS) -> go.Figure:
+    """The runs turn by turn, with play and a slider; works in exported HTML."""
+    check_title(title)
+    history = agent_turns_history(runs)
+    hints = agent_turns_hints(history)
+    steps = steps_of(history, AgentTurnsState)
+    specs = []
+    for i, (caption, state) in enumerate(steps):
+        head = step_caption(i, len(steps), caption)
+        specs.append(agent_turn_spec(state, caption=f"{title} · {head}" if title else head,
+                                     prefix_tokens=prefix_tokens, **hints))
+    return animate(specs, [c for c, _ in steps], frame_ms=frame_ms)
+
+
+def agent_turns_stepper(runs: Mapping[str, AgentRun] | Sequence[AgentRun] | AgentRun, *,
+                        prefix_tokens: int | None = None, interval_ms: int = 900) -> Stepper:
+    """A ``Stepper`` over the runs' turns (needs a running kernel)."""
+    history = agent_turns_history(runs)
+    view = partial(_stepper_view, prefix_tokens=prefix_tokens, **agent_turns_hints(history))
+    return Stepper(history, [view], interval_ms=interval_ms)
+
+
+def _stepper_view(state: AgentTurnsState, previous: AgentTurnsState | None, **options: Any) -> Spec:
+    return agent_turn_spec(state, previous, title="Agent turns: cached and processed tokens", **options)

@@ -1,0 +1,322 @@
+"""Example 12's views: the SWA ring, the positions it covers, and the context checkpoints.
+
+One figure per ``kvlab.swa.SwaState`` snapshot, in two panels that share the
+story of a sliding-window slot:
+
+* **top, the SWA cells**: every cell of the local layers' cache, coloured by the
+  token position it holds (grey: empty), with the ring's head marked. After a
+  long prompt the colours show the ring's wrap-around: old positions were
+  overwritten in place.
+* **bottom, token positions**: what the full-attention layers hold (every
+  position so far), which positions the SWA cells still cover, the batch the
+  step decoded, and one row per context checkpoint with its [pos_min, pos_max]
+  span (taken in this step: hatched; restored in this step: green).
+
+``reuse=(n_past, threshold)`` draws a reuse point and the first position the
+local layers need to continue there, so a figure can show *why* a checkpoint
+or the ring can or cannot serve it. ``swa_animation`` (plain plotly, plays in
+exported HTML) and ``swa_stepper`` (a live widget) step through a slot's
+``history`` with the same axes for every step.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import plotly.graph_objects as go
+
+from kvlab.errors import InvalidArgumentError, check_int
+from kvlab.snapshots import History
+from kvlab.swa import EMPTY, SwaState
+from kvlab.views import theme
+from kvlab.views._common import Spec, base_layout, check_title, legend_entry, steps_of, title_text
+from kvlab.views.animations import DEFAULT_FRAME_MS, animate, step_caption
+from kvlab.views.widgets import Stepper
+
+FULL = "full-attention layers"
+RING = "SWA cells cover"
+BATCH = "batch decoded"
+
+#: Bar colours and the legend's words for them.
+PART_STYLES: dict[str, dict[str, Any]] = {
+    "full": {"color": theme.GREY, "label": "positions the full-attention layers hold"},
+    "ring": {"color": theme.BLUE, "label": "positions the SWA cells still hold"},
+    "batch": {"color": theme.PURPLE, "label": "batch decoded in this step"},
+    "checkpoint": {"color": theme.ORANGE, "label": "context checkpoint (copy of the SWA cells)"},
+    "created": {"color": theme.VERMILLION, "label": "checkpoint taken in this step (hatched)"},
+    "restored": {"color": theme.GREEN, "label": "checkpoint restored in this step"},
+}
+_EMPTY_CELL = theme.LIGHT_GREY
+_STRIP_PX = 90
+_ROW_PX = 34
+
+
+def _check_swa_state(name: str, state: object) -> None:
+    if not isinstance(state, SwaState):
+        raise InvalidArgumentError(
+            f"{name} must be a kvlab.swa.SwaState, got {type(state).__name__}; take one from SwaSlot(...).history"
+        )
+
+
+def _runs(positions: list[int]) -> list[tuple[int, int]]:
+    """Sorted positions as [start, end) runs of consecutive values."""
+    out: list[tuple[int, int]] = []
+    for p in sorted(positions):
+        if out and out[-1][1] == p:
+            out[-1] = (out[-1][0], p + 1)
+        else:
+            out.append((p, p + 1))
+    return out
+
+
+def _cell_runs(cells: list[int]) -> list[tuple[int, int, int, int]]:
+    """(first cell, last cell, first position, last position) of each run of cells holding consecutive positions."""
+    out: list[list[int]] = []
+    for i, p in enumerate(cells):
+        if p == EMPTY:
+            continue
+        if out and out[-1][1] == i - 1 and out[-1][3] == p - 1:
+            out[-1][1], out[-1][3] = i, p
+        else:
+            out.append([i, i, p, p])
+    return [(a, b, c, d) for a, b, c, d in out]
+
+
+def _extent(state: SwaState) -> int:
+    return max(state.n_tokens, state.pos_max + 1, *(c.pos_max + 1 for c in state.checkpoints), 1)
+
+
+def _check_reuse(reuse: object) -> tuple[int, int] | None:
+    if reuse is None:
+        return None
+    if not isinstance(reuse, (tuple, list)) or len(reuse) != 2:
+        raise InvalidArgumentError(f"reuse must be a pair (n_past, threshold), got {reuse!r}")
+    n_past, threshold = reuse
+    check_int("reuse n_past", n_past, minimum=0)
+    check_int("reuse threshold", threshold, minimum=0)
+    if threshold > n_past:
+        raise InvalidArgumentError(f"the threshold ({threshold}) cannot lie after the reuse point ({n_past})")
+    return int(n_past), int(threshold)
+
+
+def swa_spec(state: SwaState, previous: SwaState | None = None, *, title: str | None = None,
+             caption: str | None = None, x_max: int | None = None, checkpoint_rows: int | None = None,
+             reuse: tuple[int, int] | None = None, legend_kinds: set[str] | None = None) -> Spec:
+    """The slot after one step as plain dicts: SWA cells on top, token positions below.
+
+    ``x_max`` (positions on the axis) and ``checkpoint_rows`` default to what
+    this state needs; the animation and the stepper pass the largest over a
+    history so every step has the same axes. ``legend_kinds`` (keys of
+    ``PART_STYLES``) are the bar kinds the legend lists; by default those drawn.
+    """
+    _check_swa_state("state", state)
+    if previous is not None:
+        _check_swa_state("previous", previous)
+    check_title(title)
+    check_title(caption)
+    need = _extent(state)
+    if x_max is None:
+        x_max = need
+    check_int("x_max", x_max, minimum=1)
+    if checkpoint_rows is None:
+        checkpoint_rows = len(state.checkpoints)
+    check_int("checkpoint_rows", checkpoint_rows, minimum=0)
+    if checkpoint_rows < len(state.checkpoints):
+        raise InvalidArgumentError(
+            f"checkpoint_rows is {checkpoint_rows}, but the state holds {len(state.checkpoints)} checkpoints"
+        )
+    marks = _check_reuse(reuse)
+    if marks is not None:
+        x_max = max(x_max, marks[0] + 1)
+    x_max = max(x_max, need)
+
+    cells = list(state.cells)
+    n_cells = len(cells)
+    held = [p for p in cells if p != EMPTY]
+    rows = [FULL, RING, BATCH] + [f"checkpoint {i + 1}" for i in range(checkpoint_rows)]
+
+    bars: dict[str, dict[str, list]] = {k: {"x": [], "base": [], "y": [], "text": [], "hover": []} for k in PART_STYLES}
+
+    def bar(kind: str, row: str, start: int, end: int, text: str, hover: str) -> None:
+        b = bars[kind]
+        b["x"].append(end - start)
+        b["base"].append(start)
+        b["y"].append(row)
+        b["text"].append(text)
+        b["hover"].append(hover)
+
+    if state.n_tokens:
+        bar("full", FULL, 0, state.n_tokens, f"0 … {state.n_tokens - 1}",
+            f"the slot holds {state.n_tokens:,} tokens: every position in the full-attention layers")
+    for start, end in _runs(held):
+        bar("ring", RING, start, end, f"[{start}, {end - 1}]",
+            f"SWA cells hold positions {start}..{end - 1} ({end - start:,} cells)")
+    if state.batch is not None:
+        b0, b1 = state.batch
+        bar("batch", BATCH, b0, b1, f"[{b0}, {b1})", f"this step decoded positions {b0}..{b1 - 1} ({b1 - b0:,} tokens)")
+    restored_at = next((i for i, c in enumerate(state.checkpoints) if c == state.restored), None)
+    created_at = len(state.checkpoints) - 1 if state.created is not None and state.checkpoints else None
+    for i, cp in enumerate(state.checkpoints):
+        kind = "created" if i == created_at else "restored" if i == restored_at else "checkpoint"
+        what = {"created": "taken before this batch", "restored": "restored in this step", "checkpoint": "kept"}[kind]
+        bar(kind, f"checkpoint {i + 1}", cp.pos_min, cp.pos_max + 1, f"[{cp.pos_min}, {cp.pos_max}]",
+            f"checkpoint {i + 1} ({what}): SWA cells for positions {cp.pos_min}..{cp.pos_max},"
+            f"<br>taken when {cp.n_tokens:,} prompt tokens were processed")
+
+    # runs of neighbouring cells that hold consecutive positions, labelled where wide enough
+    label_x, label_text, label_color = [], [], []
+    for c0, c1, p0, p1 in _cell_runs(cells):
+        width = c1 - c0 + 1
+        if width >= 0.12 * n_cells:
+            label_x.append((c0 + c1) / 2)
+            label_text.append(f"cells {c0}–{c1}: positions {p0}–{p1}" if width >= 0.3 * n_cells else f"{p0}–{p1}")
+            label_color.append("white" if (p0 + p1) / 2 < 0.45 * x_max else theme.INK)
+    data: list[dict[str, Any]] = []
+    # the SWA cells: one heatmap row, coloured by position (grey where empty)
+    data.append({
+        "type": "heatmap", "name": "SWA cells", "x": list(range(n_cells)), "y": [0],
+        "z": [[None if p == EMPTY else p for p in cells]],
+        "zmin": 0, "zmax": max(x_max - 1, 1), "colorscale": "Cividis", "showscale": True,
+        "colorbar": {"title": {"text": "position", "side": "right"}, "len": 0.3, "y": 1, "yanchor": "top",
+                     "thickness": 12},
+        "hovertemplate": "cell %{x}: position %{z}<extra></extra>", "xaxis": "x2", "yaxis": "y2",
+        "hoverongaps": False,
+    })  # fmt: skip
+    data.append({
+        "type": "scatter", "mode": "markers", "name": "head", "x": [state.head % n_cells], "y": [0.62],
+        "marker": {"symbol": "triangle-down", "size": 13, "color": theme.VERMILLION, "line": {"color": theme.INK,
+                   "width": 1}}, "cliponaxis": False,
+        "hovertemplate": "head: the next ubatch is placed from cell %{x}<extra></extra>", "showlegend": False,
+        "xaxis": "x2", "yaxis": "y2",
+    })  # fmt: skip
+    for kind, b in bars.items():
+        style = PART_STYLES[kind]
+        marker: dict[str, Any] = {"color": style["color"], "line": {"color": "white", "width": 1}}
+        if kind == "created":
+            marker["pattern"] = {"shape": "/", "fgcolor": theme.INK, "fgopacity": 0.45, "size": 8}
+        data.append({
+            "type": "bar", "orientation": "h", "name": style["label"], "x": b["x"], "base": b["base"], "y": b["y"],
+            "text": b["text"], "textposition": "inside", "insidetextanchor": "middle", "cliponaxis": False,
+            "textfont": {"color": "white" if kind in ("ring", "restored", "batch", "full") else theme.INK},
+            "hovertext": b["hover"], "hovertemplate": "%{hovertext}<extra></extra>", "marker": marker,
+            "showlegend": False, "width": 0.7, "xaxis": "x", "yaxis": "y",
+        })  # fmt: skip
+    data.append({
+        "type": "scatter", "mode": "text", "name": "cell runs", "x": label_x, "y": [0] * len(label_x),
+        "text": label_text, "textfont": {"size": 11, "color": label_color}, "hoverinfo": "skip",
+        "showlegend": False, "xaxis": "x2", "yaxis": "y2",
+    })  # fmt: skip
+    if legend_kinds is None:
+        legend_kinds = {k for k, b in bars.items() if b["x"]}
+    shown = [k for k in PART_STYLES if k in legend_kinds]
+    data.append(legend_entry("empty SWA cell (▼ marks the head: the next cell to fill)", _EMPTY_CELL))
+    for kind, style in PART_STYLES.items():
+        data.append(legend_entry(style["label"], style["color"], visible=kind in shown))
+
+    shapes: list[dict[str, Any]] = [
+        {"type": "rect", "xref": "x2", "yref": "y2", "x0": -0.5, "x1": n_cells - 0.5, "y0": -0.5, "y1": 0.5,
+         "fillcolor": _EMPTY_CELL, "line": {"width": 0}, "layer": "below"},
+    ]  # fmt: skip
+    annotations: list[dict[str, Any]] = []
+    if marks is not None:
+        n_past, threshold = marks
+        shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": threshold, "x1": n_past, "y0": 0,
+                       "y1": _BOTTOM_TOP, "fillcolor": theme.YELLOW, "opacity": 0.35, "line": {"width": 0},
+                       "layer": "below"})  # fmt: skip
+        for x, dash, text, anchor in ((n_past, "solid", f"reuse point {n_past}", "left"),
+                                      (threshold, "dash", f"needs from {threshold}", "right")):
+            shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": x, "x1": x, "y0": 0,
+                           "y1": _BOTTOM_TOP, "line": {"color": theme.INK, "dash": dash, "width": 2}})
+            annotations.append({"x": x, "y": _BOTTOM_TOP, "xref": "x", "yref": "paper", "text": text,
+                                "showarrow": False, "xanchor": anchor, "yanchor": "bottom",
+                                "font": {"size": 12}})  # fmt: skip
+
+    n_cp = len(state.checkpoints)
+    sub = (f"{n_cells:,} SWA cells, {len(held):,} in use"
+           + (f" (positions {state.pos_min}..{state.pos_max})" if held else "")
+           + f"; the slot holds {state.n_tokens:,} tokens; {n_cp} checkpoint{'s' if n_cp != 1 else ''}")
+    if marks is not None:
+        sub += f"<br>to continue at {marks[0]}, the local layers need positions {marks[1]}..{marks[0] - 1} (shaded)"
+    ttl = title_text(caption or title or "SWA cells and context checkpoints", sub)
+    head_lines = ttl["text"].split("</b>")[0].count("<br>") + 1
+    top = 40 + 21 * head_lines + 17 * (1 + (marks is not None)) + 20
+    plot_h = _STRIP_PX + 60 + _ROW_PX * len(rows)
+    bottom = 75 + 27 * ((len(shown) + 2) // 2)  # two legend entries a row
+    layout = base_layout(
+        ttl, barmode="overlay", height=top + plot_h + bottom, showlegend=True, shapes=shapes,
+        annotations=annotations,
+        legend={"orientation": "h", "y": -58 / plot_h, "x": 0, "yanchor": "top",
+                "font": {"size": 12}},
+        xaxis={"range": [0, x_max], "title": {"text": "token position", "standoff": 4}, "domain": [0, 0.93],
+               "showgrid": True, "zeroline": False},
+        yaxis={"domain": [0, _BOTTOM_TOP], "categoryorder": "array", "categoryarray": rows,
+               "range": [len(rows) - 0.5, -0.5], "fixedrange": True, "automargin": True},
+        xaxis2={"domain": [0, 0.93], "anchor": "y2", "range": [-0.5, n_cells - 0.5], "side": "top",
+                "title": {"text": f"SWA cell (of {n_cells:,})", "standoff": 2}, "showgrid": False, "zeroline": False},
+        yaxis2={"domain": [_STRIP_BOTTOM, 1], "range": [-0.5, 0.9], "visible": False, "fixedrange": True},
+        margin={"l": 20, "r": 20, "t": top, "b": bottom},
+    )  # fmt: skip
+    return {"data": data, "layout": layout}
+
+
+_BOTTOM_TOP = 0.7  # the positions panel takes the lower 70% of the plot
+_STRIP_BOTTOM = 0.82
+
+
+def swa_figure(state: SwaState, *, reuse: tuple[int, int] | None = None, title: str | None = None) -> go.Figure:
+    """Example 12: one slot's SWA cells and checkpoints; ``reuse=(n_past, threshold)`` marks a reuse point."""
+    return go.Figure(swa_spec(state, title=title, reuse=reuse))
+
+
+def swa_hints(history: object) -> dict[str, Any]:
+    """The axes every step of ``history`` shares: positions up to the largest extent, one row per checkpoint."""
+    states = [s for _, s in steps_of(history, SwaState)]
+    kinds: set[str] = set()
+    for s in states:
+        kinds |= _kinds(s)
+    return {
+        "x_max": max(_extent(s) for s in states),
+        "checkpoint_rows": max(len(s.checkpoints) for s in states),
+        "legend_kinds": kinds,
+    }
+
+
+def _kinds(state: SwaState) -> set[str]:
+    """The bar kinds a snapshot draws."""
+    kinds = {"full"} if state.n_tokens else set()
+    if state.pos_min != EMPTY:
+        kinds.add("ring")
+    if state.batch is not None:
+        kinds.add("batch")
+    if state.checkpoints:
+        kinds.add("checkpoint")
+    if state.created is not None:
+        kinds.add("created")
+    if state.restored is not None:
+        kinds.add("restored")
+    return kinds
+
+
+def swa_animation(history: History[SwaState] | list, *, title: str | None = None,
+                  frame_ms: int = DEFAULT_FRAME_MS) -> go.Figure:
+    """A slot's history step by step (prompt batches, checkpoints taken and restored), with play and a slider."""
+    check_title(title)
+    steps = steps_of(history, SwaState)
+    hints = swa_hints(history)
+    specs = []
+    for i, (caption, state) in enumerate(steps):
+        head = step_caption(i, len(steps), caption)
+        specs.append(swa_spec(state, caption=f"{title} · {head}" if title else head, **hints))
+    return animate(specs, [c for c, _ in steps], frame_ms=frame_ms)
+
+
+def swa_stepper(history: History[SwaState] | list, *, interval_ms: int = 900) -> Stepper:
+    """A ``Stepper`` over a slot's history with the SWA view (needs a running kernel)."""
+    steps_of(history, SwaState)
+    view = partial(_stepper_view, **swa_hints(history))
+    return Stepper(history, [view], interval_ms=interval_ms)
+
+
+def _stepper_view(state: SwaState, previous: SwaState | None, **hints: Any) -> Spec:
+    return swa_spec(state, previous, title="SWA cells and context checkpoints", **hints)
