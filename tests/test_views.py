@@ -26,10 +26,10 @@ from kvlab.views import (
     radix_animation,
     radix_tree_figure,
     setup,
+    theme,
     tokens_per_turn_figure,
     utilization_figure,
 )
-from kvlab.views import theme
 from kvlab.views.figures import STATUS_CODE, block_pool_spec, grid_shape
 
 # ---------------------------------------------------------------------- helpers
@@ -37,19 +37,20 @@ from kvlab.views.figures import STATUS_CODE, block_pool_spec, grid_shape
 
 def grid_cells(fig: go.Figure, trace: int = 0) -> dict[tuple[int, int], tuple[float, str, str]]:
     """(column, row) -> (z, label, hover) of a heatmap trace, gaps left out."""
-    hm = fig.data[trace]
+    hm = fig.data[trace].to_plotly_json()  # plain lists: plotly's property access is slow cell by cell
+    z_rows, text, hover = (list(map(list, hm[k])) for k in ("z", "text", "hovertext"))
     out = {}
-    for r, row in enumerate(hm.z):
+    for r, row in enumerate(z_rows):
         for c, z in enumerate(row):
             if z is not None and not (isinstance(z, float) and math.isnan(z)):
-                out[(c, r)] = (z, hm.text[r][c], hm.hovertext[r][c])
+                out[(c, r)] = (z, text[r][c], hover[r][c])
     return out
 
 
-def block_cell(fig: go.Figure, state: BlockPoolState, block_id: int) -> tuple[float, str, str]:
+def block_cell(fig: go.Figure, state: BlockPoolState, block_id: int, cells: dict | None = None) -> tuple:
     cols, _ = grid_shape(state.num_blocks)
     r, c = divmod(block_id, cols)
-    return grid_cells(fig)[(c, r)]
+    return (cells if cells is not None else grid_cells(fig))[(c, r)]
 
 
 def trace_named(fig: go.Figure, name: str) -> go.Scatter:
@@ -111,7 +112,7 @@ def test_block_pool_figure_draws_every_block_with_its_status(name: str) -> None:
     cells = grid_cells(fig)
     assert len(cells) == state.num_blocks
     for block in state.blocks:
-        z, _, hover = block_cell(fig, state, block.block_id)
+        z, _, hover = block_cell(fig, state, block.block_id, cells)
         assert z == STATUS_CODE[block.status]
         assert f"block {block.block_id}</b> · {block.status}" in hover
         if block.tokens:
@@ -127,16 +128,17 @@ def test_free_queue_figure_lists_the_queue_front_to_back(name: str) -> None:
     state = POOLS[name]
     fig = free_queue_figure(state)
     assert "free queue" in fig.layout.title.text.lower()
+    cells = grid_cells(fig)
     cols = len(fig.data[0].z[0])
     shown = []
-    for (c, r), (_, _, hover) in sorted(grid_cells(fig).items(), key=lambda kv: (kv[0][1], kv[0][0])):
+    for (c, r), (_, _, hover) in sorted(cells.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         if r >= 1:
             shown.append((r - 1) * cols + c)
             assert f"free queue position {(r - 1) * cols + c}" in hover
     assert shown == list(range(len(state.free_queue)))
     for i, b in enumerate(state.free_queue):
         r, c = divmod(i, cols)
-        assert grid_cells(fig)[(c, r + 1)][2].startswith(f"<b>block {b}</b>")
+        assert cells[(c, r + 1)][2].startswith(f"<b>block {b}</b>")
 
 
 @pytest.mark.parametrize("name", list(POOLS))
@@ -299,7 +301,7 @@ def test_animation_plays_without_a_kernel(tmp_path) -> None:
     assert "Plotly.addFrames" in page or '"frames"' in page
     play, pause = fig.layout.updatemenus[0].buttons
     assert play.method == "animate" and play.args[0] is None
-    assert pause.args[0] == [None]
+    assert list(pause.args[0]) == [None]
 
 
 def test_highlight_in_animation_is_skipped_where_the_request_is_absent() -> None:
@@ -325,7 +327,7 @@ def test_hit_rate_and_utilization_figures_take_model_records() -> None:
 
 def test_per_turn_figures() -> None:
     append_only = [2400] + [400] * 19
-    trimmed = [2400, 400, 400, 400, 400] + [2400] * 15
+    trimmed = [2400, 400, 400, 400, 400] + [2000] * 15  # example 13: trimming the front rewrites the history
     fig = tokens_per_turn_figure({"append-only": append_only, "keep last 5": trimmed}, cumulative=True)
     assert fig.data[0].y[-1] == 10_000 and fig.data[1].y[-1] == 34_000
     assert fig.data[0].line.dash != fig.data[1].line.dash  # told apart without colour

@@ -55,7 +55,9 @@ def slot_of_token(answer: int) -> str:
     if answer == pos:
         raise NotYet("That is the token's position in the sequence; the slot is its place in the whole pool.")
     if answer == t.physical_block:
-        raise NotYet("That is the physical block; the slot also counts the offset inside it, one slot per token.")
+        raise NotYet(
+            "That is the physical block; the slot also counts the offset inside it, one slot per token."
+        )
     if answer in (t.logical_block * BLOCK + t.offset, t.logical_block):
         raise NotYet("You used the logical block number; the block table turns it into a physical one first.")
     if answer in {b * BLOCK + t.offset for b in _lesson_pool().block_table(seq)}:
@@ -82,11 +84,15 @@ def blocks_for_lengths(answer: list[Any]) -> str:
     if not all(_whole(a) for a in answer):
         raise NotYet("Give whole numbers of blocks, e.g. [1, 2, 3].")
     if answer == expected:
-        return "A length that is a multiple of 16 fills its last block; any other wastes the rest of one block."
+        return (
+            "A length that is a multiple of 16 fills its last block; any other wastes the rest of one block."
+        )
     if answer == [n // BLOCK for n in LENGTHS]:
         raise NotYet("You rounded down: a 17-token sequence cannot leave its 17th token out.")
     if answer == [n // BLOCK + 1 for n in LENGTHS]:
-        raise NotYet("You added a block even when the length is a multiple of 16; such a sequence fills its last block.")
+        raise NotYet(
+            "You added a block even when the length is a multiple of 16; such a sequence fills its last block."
+        )
     wrong = [n for n, a, e in zip(LENGTHS, answer, expected, strict=True) if a != e]
     raise NotYet(f"Look again at the lengths {wrong}.")
 
@@ -106,7 +112,9 @@ def slot_mapping(answer: Any) -> str:
     cases = [([7, 2, 9], 16, 37), ([4, 0], 16, 20), ([3, 1], 4, 5), ([5], 8, 8), ([10, 0, 6], 2, 5)]
     for table, block_size, num_tokens in cases:
         num_blocks = max(table) + 1
-        pool = BlockPool(num_blocks, block_size, free_order=table + [b for b in range(num_blocks) if b not in table])
+        pool = BlockPool(
+            num_blocks, block_size, free_order=table + [b for b in range(num_blocks) if b not in table]
+        )
         pool.allocate("s", num_tokens)
         expected = pool.slot_mapping("s")
         got = call(answer, list(table), block_size, num_tokens)
@@ -137,7 +145,9 @@ def slot_mapping(answer: Any) -> str:
 )
 def whose_slot(answer: list[Any]) -> str:
     pool = _lesson_pool()
-    owner = next(((s, p) for s in ("A", "B") for p, slot in enumerate(pool.slot_mapping(s)) if slot == WHOSE_SLOT))
+    owner = next(
+        ((s, p) for s in ("A", "B") for p, slot in enumerate(pool.slot_mapping(s)) if slot == WHOSE_SLOT)
+    )
     if len(answer) != 2 or not isinstance(answer[0], str) or not _whole(answer[1]):
         raise NotYet("Give a sequence name and a position, e.g. ['B', 3].")
     seq, pos = answer

@@ -41,7 +41,9 @@ def tables_after_writes(answer: list[Any]) -> str:
     if tables == [list(t) for t in ex.tables_after_fork]:
         raise NotYet("Those are the tables right after the fork; now let each sample write its first token.")
     if all(t[:-1] == expected[0][:-1] for t in tables) and len({t[-1] for t in tables}) == SAMPLES:
-        raise NotYet("The shared blocks are right. Check which sample keeps the original last block, and the order of the copies.")
+        raise NotYet(
+            "The shared blocks are right. Check which sample keeps the original last block, and the order of the copies."
+        )
     raise NotYet("Some table is off: only the block where position 50 falls can differ between samples.")
 
 
@@ -101,5 +103,7 @@ def ref_counts_after_free(answer: dict[Any, Any]) -> str:
     if any(v == 0 for v in answer.values()):
         raise NotYet("A block with count 0 is free: leave it out of the dict.")
     if set(answer) != set(expected):
-        raise NotYet("The set of blocks still in use is not right: which of sample 0's blocks had no other holder?")
+        raise NotYet(
+            "The set of blocks still in use is not right: which of sample 0's blocks had no other holder?"
+        )
     raise NotYet("The right blocks, but some count is off: sample 0 held each of its blocks once.")

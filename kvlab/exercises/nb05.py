@@ -43,11 +43,15 @@ def repeated_request_table(answer: list[Any]) -> str:
             "only the partly filled last block is new."
         )
     if answer == list(ex.requests[0].block_table):
-        raise NotYet("That would share request 1's partly filled last block, which was never registered for reuse.")
+        raise NotYet(
+            "That would share request 1's partly filled last block, which was never registered for reuse."
+        )
     if len(answer) != len(expected):
         raise NotYet(f"Count the blocks: {third.num_tokens} tokens take {len(expected)} blocks of 16.")
     if answer[:4] == expected[:4] and answer[4:5] != expected[4:5]:
-        raise NotYet("Request 1's block 4 holds system-prompt tokens and request 1's question: request 3 has the same ones.")
+        raise NotYet(
+            "Request 1's block 4 holds system-prompt tokens and request 1's question: request 3 has the same ones."
+        )
     raise NotYet(f"{answer} is not the table the pool gives request 3.")
 
 
@@ -76,7 +80,9 @@ def computed_with_8_token_blocks(answer: int) -> str:
     if answer == second.num_cached_tokens:
         raise NotYet("That is how many tokens request 2 reuses; the question asks how many it computes.")
     if answer == second.num_tokens - SYSTEM:
-        raise NotYet("That assumes all 70 system-prompt tokens are reused, but only whole blocks are matched.")
+        raise NotYet(
+            "That assumes all 70 system-prompt tokens are reused, but only whole blocks are matched."
+        )
     raise NotYet(f"With 8-token blocks request 2 does not compute {answer} tokens.")
 
 

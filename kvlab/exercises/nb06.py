@@ -47,7 +47,9 @@ def changed_blocks(answer: list[Any]) -> str:
     if 3 in answer:
         raise NotYet("The last two tokens form a partial block, which has no hash at all.")
     if 0 in answer:
-        raise NotYet("Block 0 is hashed before the edit: its tokens and its parent (the fixed seed) are unchanged.")
+        raise NotYet(
+            "Block 0 is hashed before the edit: its tokens and its parent (the fixed seed) are unchanged."
+        )
     raise NotYet(f"{sorted(answer)} are not the blocks whose hashes differ after the edit.")
 
 
@@ -83,7 +85,9 @@ def chain(answer: Any) -> str:
         if len(got) != len(expected):
             raise NotYet(f"{shown} returned {len(got)} hashes; the sequence has {len(expected)} full blocks.")
         if got and got[0] == expected[0]:
-            raise NotYet(f"{shown}: block 0 is right, a later one is not. Is each block hashed with the previous hash?")
+            raise NotYet(
+                f"{shown}: block 0 is right, a later one is not. Is each block hashed with the previous hash?"
+            )
         raise NotYet(f"{shown}: block 0's hash differs. Its parent is the fixed seed none_hash().")
     return f"It matches kvlab's block_hashes on {len(cases)} sequences, the lesson's base and a partial-only one."
 

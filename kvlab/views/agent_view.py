@@ -119,7 +119,7 @@ def agent_turn_spec(state: AgentTurnsState, previous: AgentTurnsState | None = N
 
     data: list[dict[str, Any]] = [
         {
-            "type": "bar", "orientation": "h", "name": "from the cache (common prefix with the last prompt)",
+            "type": "bar", "orientation": "h", "name": "from the cache (prefix shared with the last prompt)",
             "y": names, "x": cached, "marker": {"color": theme.BLUE, "line": {"color": "white", "width": 1}},
             "text": [label(v, "cached", prompt_max) for v in cached], "textposition": "inside",
             "insidetextanchor": "middle", "textfont": {"color": "white"},
@@ -163,15 +163,15 @@ def agent_turn_spec(state: AgentTurnsState, previous: AgentTurnsState | None = N
     panel = _ROW_PX * len(names)
     plot_h = int(panel / 0.4)
     layout = base_layout(
-        ttl, barmode="stack", height=top + plot_h + 110, showlegend=True, shapes=shapes, annotations=annotations,
+        ttl, barmode="stack", height=top + plot_h + 140, showlegend=True, shapes=shapes, annotations=annotations,
         xaxis={"range": [0, prompt_max * 1.02], "title": {"text": "prompt tokens", "standoff": 2},
                "anchor": "y"},
         yaxis={"domain": [0.58, 0.94], "autorange": "reversed", "automargin": True, "fixedrange": True},
         xaxis2={"range": [0, total_max * 1.1], "title": {"text": "tokens processed, turns so far", "standoff": 2},
                 "anchor": "y2"},
         yaxis2={"domain": [0, 0.36], "autorange": "reversed", "automargin": True, "fixedrange": True},
-        legend={"orientation": "h", "y": -0.22, "x": 0, "yanchor": "top"},
-        margin={"l": 20, "r": 30, "t": top, "b": 110},
+        legend={"orientation": "h", "y": -52 / plot_h, "x": 0, "yanchor": "top", "traceorder": "normal"},
+        margin={"l": 20, "r": 30, "t": top, "b": 140},
     )  # fmt: skip
     return {"data": data, "layout": layout}
 
@@ -222,3 +222,60 @@ def agent_turns_stepper(runs: Mapping[str, AgentRun] | Sequence[AgentRun] | Agen
 
 def _stepper_view(state: AgentTurnsState, previous: AgentTurnsState | None, **options: Any) -> Spec:
     return agent_turn_spec(state, previous, title="Agent turns: cached and processed tokens", **options)
+
+
+def prompt_split_figure(runs: Mapping[str, AgentRun] | Sequence[AgentRun] | AgentRun, *,
+                        title: str | None = None) -> go.Figure:
+    """Every turn's prompt split into cached and processed tokens: one panel per run, stacked, same axes.
+
+    The numbers over the bars are the tokens processed on that turn; each
+    panel's heading gives the run's total and its final prompt.
+    """
+    check_title(title)
+    pairs = _runs(runs)
+    k = len(pairs)
+    panel_px, gap_px = 200, 60
+    plot_h = panel_px * k + gap_px * (k - 1)
+    gap, height_each = gap_px / plot_h, panel_px / plot_h
+    ymax = max(t.prompt_tokens for _, run in pairs for t in run.turns)
+    data: list[dict[str, Any]] = []
+    axes: dict[str, Any] = {}
+    annotations = []
+    for i, (name, run) in enumerate(pairs):
+        ax = "" if i == 0 else str(i + 1)
+        turns = [t.turn for t in run.turns]
+        cached = [t.cached_tokens for t in run.turns]
+        processed = [t.processed_tokens for t in run.turns]
+        for label, values, color, pattern in (("from the cache", cached, theme.BLUE, ""),
+                                              ("processed", processed, theme.ORANGE, "/")):
+            data.append({
+                "type": "bar", "x": turns, "y": values, "name": label, "legendgroup": label, "showlegend": i == 0,
+                "marker": {"color": color, "line": {"color": "white", "width": 0.5},
+                           "pattern": {"shape": pattern, "fgcolor": theme.INK, "fgopacity": 0.3, "size": 7}},
+                "xaxis": f"x{ax}", "yaxis": f"y{ax}",
+                "hovertemplate": f"{name}<br>turn %{{x}}: %{{y:,}} tokens {label}<extra></extra>",
+            })  # fmt: skip
+        data.append({
+            "type": "scatter", "mode": "text", "x": turns, "y": [c + p for c, p in zip(cached, processed, strict=True)],
+            "text": [f"{p:,}" for p in processed], "textposition": "top center", "textfont": {"size": 10},
+            "showlegend": False, "hoverinfo": "skip", "xaxis": f"x{ax}", "yaxis": f"y{ax}", "cliponaxis": False,
+        })  # fmt: skip
+        y1 = 1 - i * (height_each + gap)
+        axes[f"xaxis{ax}"] = {"anchor": f"y{ax}", "dtick": 1, "range": [0.4, len(turns) + 0.6],
+                              "title": {"text": "turn", "standoff": 2} if i == k - 1 else None,
+                              "matches": "x" if i else None}  # fmt: skip
+        axes[f"yaxis{ax}"] = {"domain": [y1 - height_each, y1], "anchor": f"x{ax}", "range": [0, ymax * 1.18],
+                              "title": {"text": "prompt tokens"}, "matches": "y" if i else None}  # fmt: skip
+        annotations.append({
+            "text": f"<b>{name}</b> · processed {run.total_processed:,} tokens, final prompt {run.final_prompt:,}",
+            "xref": "paper", "yref": "paper", "x": 0, "y": y1, "xanchor": "left", "yanchor": "bottom",
+            "showarrow": False,
+        })  # fmt: skip
+    layout = base_layout(
+        title_text(title or "Each turn's prompt: from the cache and processed",
+                   "the number over each bar is what that turn processed"),
+        barmode="stack", height=plot_h + 105 + 60, annotations=annotations,
+        legend={"orientation": "h", "x": 1, "y": 1 + 30 / plot_h, "yanchor": "bottom", "xanchor": "right"},
+        margin={"l": 70, "r": 20, "t": 105, "b": 60}, bargap=0.25, **axes,
+    )  # fmt: skip
+    return go.Figure({"data": data, "layout": layout})

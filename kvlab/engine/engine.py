@@ -1,0 +1,212 @@
+"""The tiny real engine: one request at a time, prefill then greedy decode, with a prefix cache.
+
+Three ways to decide what a new request may reuse (``cache=``):
+
+``"blocks"``
+    vLLM's way: ``kvlab.prefix_cache.PrefixCache`` hashes the prompt's full
+    blocks, reuses the longest cached run (at most ``prompt - 1`` tokens, in
+    whole blocks), allocates the rest, and caches every block that fills up.
+    ``cache_salt`` keeps tenants apart. A decoded token enters the cache (is
+    ``append``-ed) only in the step that computes its K/V, so the last sampled
+    token never does.
+``"slot"``
+    llama-server's way with one slot (``-np 1 --cache-ram 0``): the slot keeps
+    the tokens of the last request -- its prompt and every sampled token but
+    the last -- and the next prompt reuses their longest common prefix, token by
+    token, capped at ``prompt - 1`` (see ``kvlab.slots``).
+``"off"``
+    No reuse: every prompt is computed in full on fresh blocks.
+
+Reused tokens are not recomputed: their K/V are read from the pool where an
+earlier request wrote them. ``GenerationResult`` reports the counters a server
+would (``cache_n``, ``prompt_n``) and the time to first token, measured.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from kvlab.chat_format import REPLY_WORDS, Tokenizer
+from kvlab.engine.model import KVPool, ModelConfig, TinyTransformer
+from kvlab.errors import DuplicateRequestError, InvalidArgumentError, check_int, check_tokens
+from kvlab.prefix_cache import PrefixCache
+from kvlab.slots import common_prefix
+
+CACHE_MODES = ("blocks", "slot", "off")
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """One finished request: its counters, its sampled tokens and (if asked) the logits behind each."""
+
+    request_id: str
+    prompt_tokens: int
+    cache_n: int
+    output_tokens: tuple[int, ...]
+    ttft_ms: float
+    total_ms: float
+    hit_block_ids: tuple[int, ...] = ()
+    logits: tuple[torch.Tensor, ...] | None = None
+
+    @property
+    def prompt_n(self) -> int:
+        """Prompt tokens the engine computed (llama-server's ``timings.prompt_n``)."""
+        return self.prompt_tokens - self.cache_n
+
+
+class Engine:
+    """A tiny model plus a paged KV pool, serving requests with the chosen reuse rule.
+
+    ``max_model_len`` bounds prompt + generated tokens. The pool holds
+    ``num_blocks`` blocks; by default four full-length sequences' worth in
+    ``"blocks"`` mode (so earlier prompts stay cached a while), one otherwise.
+    """
+
+    def __init__(
+        self,
+        *,
+        cache: str = "blocks",
+        block_size: int = 16,
+        max_model_len: int = 4096,
+        num_blocks: int | None = None,
+        config: ModelConfig | None = None,
+        attention: str = "auto",
+        device: str = "cpu",
+        tokenizer: Tokenizer | None = None,
+    ) -> None:
+        if cache not in CACHE_MODES:
+            raise InvalidArgumentError(f"unknown cache mode {cache!r}: use one of {', '.join(CACHE_MODES)}")
+        check_int("block_size", block_size, minimum=1)
+        check_int("max_model_len", max_model_len, minimum=2)
+        blocks_per_seq = -(-max_model_len // block_size)
+        if num_blocks is None:
+            num_blocks = blocks_per_seq * (4 if cache == "blocks" else 1)
+        check_int("num_blocks", num_blocks, minimum=blocks_per_seq)
+        if attention not in ("auto", "reference", "torch", "triton"):
+            raise InvalidArgumentError(f"unknown attention {attention!r}: use auto, reference, torch or triton")
+        if tokenizer is not None and not isinstance(tokenizer, Tokenizer):
+            raise InvalidArgumentError("tokenizer must be a kvlab.chat_format.Tokenizer")
+        self.cache_mode = cache
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.attention = attention
+        self.tokenizer = tokenizer or Tokenizer()
+        output_ids = [self.tokenizer.encode(" " + w)[0] for w in REPLY_WORDS]
+        self.model = TinyTransformer(config or ModelConfig(), output_ids, device=device)
+        self.pool = KVPool(self.model.config, num_blocks, block_size, device=device)
+        self.prefix_cache = PrefixCache(num_blocks, block_size) if cache == "blocks" else None
+        self.slot_tokens: list[int] = []
+        self._slot_table = torch.arange(blocks_per_seq, dtype=torch.int32)
+        self._free = deque(range(num_blocks))
+        self._ids = itertools.count()
+        self._used_ids: set[str] = set()
+
+    # ------------------------------------------------------------------ public
+
+    def generate(
+        self,
+        prompt: Sequence[int],
+        *,
+        max_tokens: int = 8,
+        cache_salt: str | None = None,
+        request_id: str | None = None,
+        record_logits: bool = False,
+    ) -> GenerationResult:
+        """Serve one request: reuse what the cache allows, prefill the rest, then sample ``max_tokens`` greedily."""
+        toks = check_tokens("prompt", prompt)
+        check_int("max_tokens", max_tokens, minimum=1)
+        if len(toks) + max_tokens > self.max_model_len:
+            raise InvalidArgumentError(
+                f"prompt ({len(toks)}) + max_tokens ({max_tokens}) exceed max_model_len {self.max_model_len}: "
+                "shorten the prompt or build the Engine with a larger max_model_len"
+            )
+        if cache_salt is not None and not isinstance(cache_salt, str):
+            raise InvalidArgumentError(f"cache_salt must be a string or None, got {type(cache_salt).__name__}")
+        if cache_salt is not None and self.cache_mode == "slot":
+            raise InvalidArgumentError("cache_salt needs cache='blocks': a llama-server slot has no salt")
+        rid = self._request_id(request_id)
+        start = time.perf_counter()
+        table, cache_n, hits = self._admit(rid, toks, max_tokens, cache_salt)
+        logits: list[torch.Tensor] = []
+        out: list[int] = []
+        try:
+            step_logits = self.model.prefill(toks[cache_n:], cache_n, self.pool, table, impl=self.attention)
+            logits.append(step_logits)
+            out.append(self._sample(step_logits))
+            ttft = time.perf_counter() - start
+            for step in range(1, max_tokens):
+                position = len(toks) + step - 1  # where the previous sampled token goes
+                if self.prefix_cache is not None:
+                    self.prefix_cache.append(rid, [out[-1]])
+                    table = self._table(self.prefix_cache.block_table(rid))
+                step_logits = self.model.decode(out[-1], position, self.pool, table, impl=self.attention)
+                logits.append(step_logits)
+                out.append(self._sample(step_logits))
+        finally:
+            self._release(rid, table, toks, out)
+        return GenerationResult(
+            request_id=rid,
+            prompt_tokens=len(toks),
+            cache_n=cache_n,
+            output_tokens=tuple(out),
+            ttft_ms=ttft * 1e3,
+            total_ms=(time.perf_counter() - start) * 1e3,
+            hit_block_ids=hits,
+            logits=tuple(logits) if record_logits else None,
+        )
+
+    def decode_text(self, tokens: Sequence[int]) -> str:
+        return self.tokenizer.decode(tokens)
+
+    # ------------------------------------------------------------------ internals
+
+    def _request_id(self, request_id: str | None) -> str:
+        if request_id is None:
+            request_id = f"req-{next(self._ids)}"
+            while request_id in self._used_ids:
+                request_id = f"req-{next(self._ids)}"
+        elif not isinstance(request_id, str) or not request_id:
+            raise InvalidArgumentError("request_id must be a non-empty string or None")
+        elif request_id in self._used_ids:
+            raise DuplicateRequestError(f"request id {request_id!r} was already used; pick a new one")
+        self._used_ids.add(request_id)
+        return request_id
+
+    @staticmethod
+    def _table(block_ids: Sequence[int]) -> torch.Tensor:
+        return torch.tensor(list(block_ids), dtype=torch.int32)
+
+    def _admit(
+        self, rid: str, toks: list[int], max_tokens: int, salt: str | None
+    ) -> tuple[torch.Tensor, int, tuple[int, ...]]:
+        """Decide the reuse and the block table; returns (table, cache_n, hit blocks)."""
+        if self.prefix_cache is not None:
+            res = self.prefix_cache.allocate(rid, toks, cache_salt=salt)
+            return self._table(res.block_table), res.num_cached_tokens, res.hit_block_ids
+        if self.cache_mode == "slot":
+            n_past = common_prefix(self.slot_tokens, toks)
+            if n_past == len(toks):  # evaluate at least one token to get logits
+                n_past -= 1
+            self.slot_tokens = self.slot_tokens[:n_past]
+            return self._slot_table, n_past, ()
+        needed = -(-(len(toks) + max_tokens - 1) // self.block_size)
+        blocks = [self._free.popleft() for _ in range(needed)]
+        return self._table(blocks), 0, ()
+
+    def _release(self, rid: str, table: torch.Tensor, toks: list[int], out: list[int]) -> None:
+        if self.prefix_cache is not None:
+            self.prefix_cache.free(rid)
+        elif self.cache_mode == "slot":
+            self.slot_tokens = toks + out[:-1] if out else []  # the last sampled token never entered the cache
+        else:
+            self._free.extend(table.tolist())
+
+    def _sample(self, logits: torch.Tensor) -> int:
+        """Greedy: the output id with the highest logit (the first one on a tie)."""
+        return self.model.output_ids[int(torch.argmax(logits))]

@@ -1,0 +1,212 @@
+"""A tiny decoder-only transformer with seeded random weights, run over a paged KV pool.
+
+Llama-shaped: token embedding, then ``num_layers`` pre-norm blocks of RMSNorm ->
+grouped-query attention with rotary position embeddings (RoPE) -> residual,
+RMSNorm -> SwiGLU feed-forward -> residual, and a final RMSNorm. The weights are
+random (``torch.Generator`` seeded by ``config.seed``), so the replies are
+nonsense, but every number is computed for real: what a prefix cache saves is
+real work, and a reused prefix must give the same logits as a recomputed one.
+
+Two simplifications keep it small and faithful to the course's tokenizer
+(``kvlab.chat_format``), whose ids are 31-bit hashes of the text pieces:
+
+* the embedding has ``embedding_rows`` rows and id ``t`` uses row
+  ``t % embedding_rows`` (the hashing trick), so no vocabulary file is needed;
+* the output head scores a fixed list of ``output_ids`` (the course's reply
+  words, each one token with its leading space), so a reply's text tokenizes
+  back to the same ids when it is sent again inside the history.
+
+Keys and values live in a ``KVPool``: per layer, ``[num_blocks, block_size,
+num_kv_heads, head_dim]`` tensors that ``paged_prefill`` writes through the slot
+mapping and ``paged_attention`` reads through the block table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from kvlab.engine.paged_attention import PREFILL_IMPLS, paged_attention, paged_prefill, write_kv_cache
+from kvlab.engine.paged_attention import slot_mapping as compute_slots
+from kvlab.errors import InvalidArgumentError, check_int, check_tokens
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Sizes of the tiny model; the defaults are the course's (4 layers, d_model 256, 8 query / 2 KV heads)."""
+
+    num_layers: int = 4
+    d_model: int = 256
+    num_heads: int = 8
+    num_kv_heads: int = 2
+    ffn_dim: int = 688
+    embedding_rows: int = 4096
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    seed: int = 0
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "d_model", "num_heads", "num_kv_heads", "ffn_dim", "embedding_rows"):
+            check_int(name, getattr(self, name), minimum=1)
+        check_int("seed", self.seed, minimum=0)
+        if self.d_model % self.num_heads or (self.d_model // self.num_heads) % 2:
+            raise InvalidArgumentError(
+                f"d_model {self.d_model} must split into {self.num_heads} heads of an even size (RoPE rotates pairs)"
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise InvalidArgumentError(f"num_heads {self.num_heads} must be a multiple of num_kv_heads {self.num_kv_heads}")
+        if self.dtype not in DTYPES:
+            raise InvalidArgumentError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        for name in ("rope_theta", "norm_eps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise InvalidArgumentError(f"{name} must be a positive number, got {value!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of K and V one token takes in the pool, all layers together."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.torch_dtype.itemsize
+
+
+class KVPool:
+    """The paged KV cache: per layer a key and a value tensor of ``num_blocks`` blocks."""
+
+    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, device: str | torch.device = "cpu"):
+        check_int("num_blocks", num_blocks, minimum=1)
+        check_int("block_size", block_size, minimum=1)
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        shape = (config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim)
+        self.keys = torch.zeros(shape, dtype=config.torch_dtype, device=device)
+        self.values = torch.zeros(shape, dtype=config.torch_dtype, device=device)
+
+    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.keys[i], self.values[i]
+
+
+class TinyTransformer:
+    """The model: weights drawn from ``config.seed``; ``prefill`` and ``decode`` read and write a ``KVPool``."""
+
+    def __init__(self, config: ModelConfig, output_ids: Sequence[int], device: str | torch.device = "cpu") -> None:
+        if not isinstance(config, ModelConfig):
+            raise InvalidArgumentError(f"config must be a ModelConfig, got {type(config).__name__}")
+        self.output_ids = tuple(check_tokens("output_ids", output_ids))
+        if len(set(self.output_ids)) != len(self.output_ids):
+            raise InvalidArgumentError("output_ids must not repeat an id")
+        self.config = config
+        self.device = torch.device(device)
+        gen = torch.Generator().manual_seed(config.seed)
+        c = config
+
+        def weight(*shape: int, fan_in: int) -> torch.Tensor:
+            w = torch.randn(*shape, generator=gen, dtype=torch.float64) / fan_in**0.5
+            return w.to(device=self.device, dtype=c.torch_dtype)
+
+        self.embedding = weight(c.embedding_rows, c.d_model, fan_in=1)
+        self.layers = [
+            {
+                "wq": weight(c.d_model, c.num_heads * c.head_dim, fan_in=c.d_model),
+                "wk": weight(c.d_model, c.num_kv_heads * c.head_dim, fan_in=c.d_model),
+                "wv": weight(c.d_model, c.num_kv_heads * c.head_dim, fan_in=c.d_model),
+                "wo": weight(c.num_heads * c.head_dim, c.d_model, fan_in=c.num_heads * c.head_dim),
+                "w_gate": weight(c.d_model, c.ffn_dim, fan_in=c.d_model),
+                "w_up": weight(c.d_model, c.ffn_dim, fan_in=c.d_model),
+                "w_down": weight(c.ffn_dim, c.d_model, fan_in=c.ffn_dim),
+            }
+            for _ in range(c.num_layers)
+        ]
+        self.lm_head = weight(len(self.output_ids), c.d_model, fan_in=c.d_model)
+        half = c.head_dim // 2
+        self.inv_freq = 1.0 / (c.rope_theta ** (torch.arange(half, dtype=torch.float64, device=self.device) / half))
+
+    # ------------------------------------------------------------------ pieces
+
+    def _rms_norm(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.config.norm_eps)
+
+    def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Rotate each (i, i + half) pair of every head by position * inv_freq[i] (the rotate-half form)."""
+        angles = positions.to(torch.float64)[:, None] * self.inv_freq[None, :]
+        cos = angles.cos().to(x.dtype)[:, None, :]
+        sin = angles.sin().to(x.dtype)[:, None, :]
+        a, b = x.chunk(2, dim=-1)
+        return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
+
+    def _rows(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.embedding[tokens % self.config.embedding_rows]
+
+    def _forward(self, tokens: list[int], start: int, pool: KVPool, block_table: torch.Tensor, impl: str, decode: bool):
+        c = self.config
+        n = len(tokens)
+        ids = torch.tensor(tokens, dtype=torch.int64, device=self.device)
+        positions = torch.arange(start, start + n, device=self.device)
+        table = block_table.to(device=self.device, dtype=torch.int32)
+        seq_lens = torch.tensor([start + n], dtype=torch.int32, device=self.device)
+        h = self._rows(ids)
+        for i, w in enumerate(self.layers):
+            x = self._rms_norm(h)
+            q = self._rope((x @ w["wq"]).view(n, c.num_heads, c.head_dim), positions)
+            k = self._rope((x @ w["wk"]).view(n, c.num_kv_heads, c.head_dim), positions)
+            v = (x @ w["wv"]).view(n, c.num_kv_heads, c.head_dim)
+            key_cache, value_cache = pool.layer(i)
+            if decode:
+                write_kv_cache(k, v, key_cache, value_cache, compute_slots(table, positions, pool.block_size))
+                attn = paged_attention(q, key_cache, value_cache, table[None, :], seq_lens, impl=impl)
+            else:
+                query_lens = torch.tensor([n], dtype=torch.int32, device=self.device)
+                attn = paged_prefill(
+                    q, k, v, key_cache, value_cache, table[None, :], seq_lens, query_lens,
+                    impl=impl if impl in PREFILL_IMPLS else "auto",
+                )
+            h = h + attn.reshape(n, c.num_heads * c.head_dim) @ w["wo"]
+            x = self._rms_norm(h)
+            h = h + (torch.nn.functional.silu(x @ w["w_gate"]) * (x @ w["w_up"])) @ w["w_down"]
+        return self._rms_norm(h[-1]) @ self.lm_head.T
+
+    # ------------------------------------------------------------------ public
+
+    def _check_call(self, tokens: object, start: object, pool: object, block_table: object) -> list[int]:
+        toks = check_tokens("tokens", tokens)
+        check_int("start", start, minimum=0)
+        if not isinstance(pool, KVPool):
+            raise InvalidArgumentError(f"pool must be a KVPool, got {type(pool).__name__}")
+        if not isinstance(block_table, torch.Tensor) or block_table.dim() != 1:
+            raise InvalidArgumentError("block_table must be a 1-D tensor of block ids")
+        if (start + len(toks)) > block_table.shape[0] * pool.block_size:  # type: ignore[operator]
+            raise InvalidArgumentError(
+                f"positions up to {start + len(toks)} do not fit a block table of {block_table.shape[0]} blocks "
+                f"of {pool.block_size} tokens"
+            )
+        return toks
+
+    @torch.inference_mode()
+    def prefill(
+        self, tokens: Sequence[int], start: int, pool: KVPool, block_table: torch.Tensor, *, impl: str = "auto"
+    ) -> torch.Tensor:
+        """Compute ``tokens`` at positions ``start..``, whose first ``start`` positions are cached already.
+
+        Writes their K/V into the pool and returns the logits after the last one
+        (over ``output_ids``).
+        """
+        toks = self._check_call(tokens, start, pool, block_table)
+        return self._forward(toks, start, pool, block_table, impl, decode=False)
+
+    @torch.inference_mode()
+    def decode(
+        self, token: int, position: int, pool: KVPool, block_table: torch.Tensor, *, impl: str = "auto"
+    ) -> torch.Tensor:
+        """One decode step: ``token`` at ``position`` attends over the cache through ``paged_attention``."""
+        toks = self._check_call([token], position, pool, block_table)
+        return self._forward(toks, position, pool, block_table, impl, decode=True)

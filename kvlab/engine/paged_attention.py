@@ -1,0 +1,482 @@
+"""Attention that reads keys and values through block tables (lesson example 2).
+
+The KV pool of one layer is two tensors, ``key_cache`` and ``value_cache``, of
+shape ``[num_blocks, block_size, num_kv_heads, head_dim]`` (vLLM's layout for
+its FlashAttention backend). A sequence's tokens live in the blocks its row of
+``block_tables`` names, in order: token ``p`` sits in physical block
+``block_tables[s, p // block_size]`` at offset ``p % block_size``, i.e. at
+*slot* ``block * block_size + offset`` of the pool (vLLM's slot mapping).
+
+Two entry points:
+
+* ``paged_attention`` -- decode: one new query token per sequence, whose key and
+  value were already written to the cache, attends over all ``seq_lens[s]``
+  cached tokens.
+* ``paged_prefill`` -- prefill: writes the new tokens' keys and values through
+  the slot mapping, then lets each new token attend causally over the cached
+  prefix plus the new tokens before it.
+
+Implementations (``impl=``):
+
+* ``"reference"`` gathers each sequence into a dense tensor and runs plain
+  attention in float64: slow, obviously right, the oracle the others are tested against.
+* ``"torch"`` walks the sequences a tile of whole blocks at a time with an
+  online softmax (running max, running sum, rescaled accumulator), so the
+  gathered sequence is never materialised; all sequences advance together and
+  finished ones drop out, which keeps it vectorised on a CPU.
+* ``"triton"`` (decode only) a Triton kernel: one program per sequence and KV
+  head (optionally split over the sequence), each K/V block read once for all
+  the query heads that share it. See ``kvlab.engine.triton_paged``.
+* ``"auto"`` picks triton for CUDA tensors when triton imports, torch otherwise.
+
+Grouped-query attention: ``num_heads`` must be a multiple of ``num_kv_heads``;
+query head ``h`` uses KV head ``h // (num_heads // num_kv_heads)``.
+
+Table entries past a sequence's last block are never read, so they may hold
+anything (vLLM pads with 0); entries that are read must name a block of the pool.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kvlab.errors import InvalidArgumentError
+
+try:
+    import torch
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError("kvlab.engine needs torch: pip install 'kvlab[engine]'") from exc
+
+DECODE_IMPLS = ("auto", "reference", "torch", "triton")
+PREFILL_IMPLS = ("auto", "reference", "torch")
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+INT_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
+DEFAULT_TILE_TOKENS = 256  # tokens per step of the torch walk: big enough to amortise, small enough to stay in cache
+
+
+@dataclass(frozen=True)
+class PagedShape:
+    """The sizes every implementation needs, read once from validated arguments."""
+
+    num_seqs: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    num_blocks: int
+    block_size: int
+    max_blocks_per_seq: int
+
+    @property
+    def group(self) -> int:
+        """Query heads per KV head (1 for multi-head attention)."""
+        return self.num_heads // self.num_kv_heads
+
+
+# ---------------------------------------------------------------------------- validation
+
+
+def _check_tensor(name: str, value: object, ndim: int, what: str) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise InvalidArgumentError(f"{name} must be a torch.Tensor {what}, got {type(value).__name__}")
+    if value.dim() != ndim:
+        raise InvalidArgumentError(f"{name} must have {ndim} dimensions {what}, got shape {tuple(value.shape)}")
+    return value
+
+
+def _check_int_tensor(name: str, value: torch.Tensor) -> None:
+    if value.dtype not in INT_DTYPES:
+        raise InvalidArgumentError(
+            f"{name} must hold integers (int32 is usual), got {value.dtype}; convert it with .to(torch.int32)"
+        )
+
+
+def _check_scale(scale: object, head_dim: int) -> float:
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+        raise InvalidArgumentError(f"scale must be a positive finite number or None (1/sqrt(head_dim)), got {scale!r}")
+    return float(scale)
+
+
+def check_cache(key_cache: object, value_cache: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validate a layer's KV pool pair and return it."""
+    kc = _check_tensor("key_cache", key_cache, 4, "[num_blocks, block_size, num_kv_heads, head_dim]")
+    vc = _check_tensor("value_cache", value_cache, 4, "[num_blocks, block_size, num_kv_heads, head_dim]")
+    if kc.shape != vc.shape:
+        raise InvalidArgumentError(
+            f"key_cache {tuple(kc.shape)} and value_cache {tuple(vc.shape)} must have the same shape"
+        )
+    if kc.dtype != vc.dtype or kc.dtype not in FLOAT_DTYPES:
+        raise InvalidArgumentError(
+            f"key_cache and value_cache must share a float dtype (float16, bfloat16, float32, float64), "
+            f"got {kc.dtype} and {vc.dtype}"
+        )
+    if kc.device != vc.device:
+        raise InvalidArgumentError(f"key_cache is on {kc.device} but value_cache on {vc.device}: move them together")
+    if min(kc.shape) < 1:
+        raise InvalidArgumentError(f"key_cache has an empty dimension: shape {tuple(kc.shape)}")
+    return kc, vc
+
+
+def _check_tables(
+    block_tables: object, seq_lens: object, num_seqs: int, block_size: int, num_blocks: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    bt = _check_tensor("block_tables", block_tables, 2, "[num_seqs, max_blocks_per_seq]")
+    sl = _check_tensor("seq_lens", seq_lens, 1, "[num_seqs]")
+    _check_int_tensor("block_tables", bt)
+    _check_int_tensor("seq_lens", sl)
+    if bt.shape[0] != num_seqs or sl.shape[0] != num_seqs:
+        raise InvalidArgumentError(
+            f"block_tables has {bt.shape[0]} rows and seq_lens {sl.shape[0]} entries, "
+            f"but there are {num_seqs} sequences: give one of each per sequence"
+        )
+    for name, t in (("block_tables", bt), ("seq_lens", sl)):
+        if t.device != device:
+            raise InvalidArgumentError(f"{name} is on {t.device} but the cache is on {device}: move it there")
+    if num_seqs == 0:
+        return bt, sl
+    lens = sl.to(torch.int64)
+    low = int(lens.min())
+    if low < 1:
+        raise InvalidArgumentError(f"seq_lens must be at least 1 (the new token is in the cache), got {low}")
+    capacity = bt.shape[1] * block_size
+    high = int(lens.max())
+    if high > capacity:
+        seq = int(torch.argmax(lens))
+        raise InvalidArgumentError(
+            f"sequence {seq} has {high} tokens but its block table holds {bt.shape[1]} blocks of {block_size} "
+            f"= {capacity} tokens: widen block_tables or shorten the sequence"
+        )
+    used = torch.arange(bt.shape[1], device=device)[None, :] < ((lens + block_size - 1) // block_size)[:, None]
+    table = bt.to(torch.int64)
+    bad = used & ((table < 0) | (table >= num_blocks))
+    if bool(bad.any()):
+        seq, col = (int(x) for x in bad.nonzero()[0])
+        raise InvalidArgumentError(
+            f"block_tables[{seq}, {col}] = {int(table[seq, col])} is outside the pool of {num_blocks} blocks "
+            f"(valid ids 0..{num_blocks - 1})"
+        )
+    return bt, sl
+
+
+def check_decode_args(
+    query: object, key_cache: object, value_cache: object, block_tables: object, seq_lens: object, scale: object
+) -> tuple[PagedShape, float]:
+    """Validate ``paged_attention``'s arguments; return the sizes and the scale."""
+    q = _check_tensor("query", query, 3, "[num_seqs, num_heads, head_dim]")
+    kc, vc = check_cache(key_cache, value_cache)
+    if q.dtype != kc.dtype:
+        raise InvalidArgumentError(f"query is {q.dtype} but the cache is {kc.dtype}: use one dtype")
+    if q.device != kc.device:
+        raise InvalidArgumentError(f"query is on {q.device} but the cache on {kc.device}: move them together")
+    num_blocks, block_size, num_kv_heads, head_dim = kc.shape
+    num_seqs, num_heads, q_dim = q.shape
+    if q_dim != head_dim:
+        raise InvalidArgumentError(f"query head_dim {q_dim} does not match the cache's head_dim {head_dim}")
+    if num_heads % num_kv_heads:
+        raise InvalidArgumentError(
+            f"num_heads {num_heads} must be a multiple of num_kv_heads {num_kv_heads} (grouped-query attention)"
+        )
+    bt, _ = _check_tables(block_tables, seq_lens, num_seqs, block_size, num_blocks, kc.device)
+    shape = PagedShape(num_seqs, num_heads, num_kv_heads, head_dim, num_blocks, block_size, bt.shape[1])
+    return shape, _check_scale(scale, head_dim)
+
+
+def _check_impl(impl: object, allowed: tuple[str, ...]) -> str:
+    if impl == "flex":
+        raise InvalidArgumentError("impl='flex' (FlexAttention) is not implemented; use one of " + ", ".join(allowed))
+    if not isinstance(impl, str) or impl not in allowed:
+        raise InvalidArgumentError(f"unknown impl {impl!r}: use one of {', '.join(allowed)}")
+    return impl
+
+
+def triton_available() -> bool:
+    """Whether ``import triton`` works here (it does not on every CPU-only install)."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# ---------------------------------------------------------------------------- decode
+
+
+def paged_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    scale: float | None = None,
+    impl: str = "auto",
+) -> torch.Tensor:
+    """Decode attention: each sequence's one query token over its ``seq_lens[s]`` cached tokens.
+
+    ``query`` [num_seqs, num_heads, head_dim]; the caches [num_blocks, block_size,
+    num_kv_heads, head_dim]; ``block_tables`` int [num_seqs, max_blocks_per_seq];
+    ``seq_lens`` int [num_seqs]. Returns [num_seqs, num_heads, head_dim] in the
+    query's dtype. ``scale`` defaults to 1/sqrt(head_dim).
+    """
+    impl = _check_impl(impl, DECODE_IMPLS)
+    shape, scale_ = check_decode_args(query, key_cache, value_cache, block_tables, seq_lens, scale)
+    if impl == "auto":
+        impl = "triton" if query.is_cuda and triton_available() else "torch"
+    if impl == "triton" and query.dtype == torch.float64:
+        raise InvalidArgumentError("impl='triton' takes float16, bfloat16 or float32, not float64; use impl='torch'")
+    if shape.num_seqs == 0:
+        return query.new_empty(query.shape)
+    if impl == "reference":
+        return _reference_decode(query, key_cache, value_cache, block_tables, seq_lens, scale_, shape)
+    if impl == "torch":
+        return _torch_decode(query, key_cache, value_cache, block_tables, seq_lens, scale_, shape)
+    if not triton_available():
+        raise InvalidArgumentError("impl='triton' needs the triton package: pip install triton (or use impl='torch')")
+    from kvlab.engine.triton_paged import triton_paged_attention
+
+    return triton_paged_attention(query, key_cache, value_cache, block_tables, seq_lens, scale=scale_)
+
+
+def gather_sequence(
+    cache: torch.Tensor, block_table_row: torch.Tensor, seq_len: int
+) -> torch.Tensor:
+    """One sequence's first ``seq_len`` tokens of ``cache`` as a dense [seq_len, num_kv_heads, head_dim] tensor."""
+    block_size = cache.shape[1]
+    n_blocks = -(-seq_len // block_size)
+    blocks = block_table_row[:n_blocks].to(torch.int64)
+    return cache.index_select(0, blocks).reshape(n_blocks * block_size, *cache.shape[2:])[:seq_len]
+
+
+def _dense_attention_f64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mask: torch.Tensor | None):
+    """q [n, H, D], k/v [t, Hkv, D] -> [n, H, D], in float64; ``mask`` [n, t] True where allowed."""
+    group = q.shape[1] // k.shape[1]
+    k = k.to(torch.float64).repeat_interleave(group, dim=1)
+    v = v.to(torch.float64).repeat_interleave(group, dim=1)
+    scores = torch.einsum("nhd,thd->hnt", q.to(torch.float64), k) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.einsum("hnt,thd->nhd", torch.softmax(scores, dim=-1), v)
+
+
+def _reference_decode(query, key_cache, value_cache, block_tables, seq_lens, scale, shape: PagedShape):
+    out = torch.empty_like(query)
+    for s, n in enumerate(seq_lens.tolist()):
+        k = gather_sequence(key_cache, block_tables[s], n)
+        v = gather_sequence(value_cache, block_tables[s], n)
+        out[s] = _dense_attention_f64(query[s : s + 1], k, v, scale, None)[0].to(query.dtype)
+    return out
+
+
+def _work_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Half-precision inputs are computed in float32 (as a kernel accumulates); float64 stays float64."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _torch_decode(
+    query, key_cache, value_cache, block_tables, seq_lens, scale, shape: PagedShape, tile_tokens=DEFAULT_TILE_TOKENS
+):
+    """Online softmax over tiles of whole blocks, all sequences at once.
+
+    Sequences are sorted longest first, so at every step the sequences that
+    still have tokens are a prefix of the batch: a short sequence simply stops
+    taking part. Each step gathers one tile of blocks per sequence, scores it
+    per KV head with one batched matmul for all the query heads of the group,
+    and folds it into the running max ``m``, sum ``l`` and accumulator ``acc``.
+    """
+    work = _work_dtype(query.dtype)
+    bs, hkv, group, dim = shape.block_size, shape.num_kv_heads, shape.group, shape.head_dim
+    lens = seq_lens.to(torch.int64)
+    order = torch.argsort(lens, descending=True, stable=True)
+    lens_sorted = lens[order].tolist()
+    blocks_used = torch.tensor([-(-n // bs) for n in lens_sorted], device=query.device)
+    tile_blocks = max(1, tile_tokens // bs)
+    width = tile_blocks * bs
+    # every tile has the same shape (the last one padded), so a BLAS backend that prepares
+    # a kernel per shape does it once; entries past a sequence's last block may be garbage:
+    # point them, and the padding, at block 0 -- the mask hides them
+    n_cols = -(-shape.max_blocks_per_seq // tile_blocks) * tile_blocks
+    cols = torch.arange(n_cols, device=query.device)
+    tables = torch.zeros((shape.num_seqs, n_cols), dtype=torch.int64, device=query.device)
+    tables[:, : shape.max_blocks_per_seq] = block_tables[order]
+    tables = torch.where(cols[None, :] < blocks_used[:, None], tables, 0)
+    q = (query[order].to(work) * scale).view(shape.num_seqs, hkv, group, dim)
+    q_heads = [q[:, h] for h in range(hkv)]
+    m = torch.full((shape.num_seqs, hkv, group, 1), float("-inf"), dtype=work, device=query.device)
+    l_sum = torch.zeros_like(m)
+    acc = torch.zeros((shape.num_seqs, hkv, group, dim), dtype=work, device=query.device)
+    active = shape.num_seqs
+    for first in range(0, -(-lens_sorted[0] // bs), tile_blocks):
+        start = first * bs
+        while lens_sorted[active - 1] <= start:
+            active -= 1
+        idx = tables[:active, first : first + tile_blocks].reshape(-1)
+        k = key_cache.index_select(0, idx).view(active, width, hkv, dim).to(work)
+        scores = torch.stack([torch.bmm(q_heads[h][:active], k[:, :, h].transpose(1, 2)) for h in range(hkv)], 1)
+        if lens_sorted[active - 1] < start + width:  # some sequence ends inside this tile
+            pos = torch.arange(start, start + width, device=query.device)
+            ends = lens[order][:active]
+            scores.masked_fill_((pos[None, :] >= ends[:, None])[:, None, None, :], float("-inf"))
+        m_old = m[:active]
+        m_new = torch.maximum(m_old, scores.amax(dim=-1, keepdim=True))
+        p = scores.sub_(m_new).exp_()
+        alpha = (m_old - m_new).exp_()
+        l_sum[:active] = l_sum[:active] * alpha + p.sum(dim=-1, keepdim=True)
+        v = value_cache.index_select(0, idx).view(active, width, hkv, dim).to(work)
+        pv = torch.stack([torch.bmm(p[:, h], v[:, :, h]) for h in range(hkv)], 1)
+        acc[:active] = acc[:active] * alpha + pv
+        m[:active] = m_new
+    out = (acc / l_sum).view(shape.num_seqs, shape.num_heads, dim)
+    result = torch.empty_like(query)
+    result[order] = out.to(query.dtype)
+    return result
+
+
+# ---------------------------------------------------------------------------- prefill
+
+
+def slot_mapping(block_table_row: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
+    """The pool slot of each token position: ``table[p // block_size] * block_size + p % block_size``.
+
+    vLLM computes the same in ``vllm/v1/worker/block_table.py``. Returns int64.
+    """
+    pos = positions.to(torch.int64)
+    return block_table_row.to(torch.int64)[pos // block_size] * block_size + pos % block_size
+
+
+def write_kv_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slots: torch.Tensor,
+) -> None:
+    """Store ``key``/``value`` [num_tokens, num_kv_heads, head_dim] at pool ``slots`` (vLLM's reshape_and_cache).
+
+    A slot of -1 skips its token (vLLM pads batches that way).
+    """
+    kc, vc = check_cache(key_cache, value_cache)
+    _check_kv_rows(key, value, kc)
+    sl = _check_tensor("slots", slots, 1, "[num_tokens]")
+    _check_int_tensor("slots", sl)
+    if sl.shape[0] != key.shape[0]:
+        raise InvalidArgumentError(f"slots has {sl.shape[0]} entries for {key.shape[0]} tokens: give one per token")
+    _write_slots(key, value, kc, vc, _checked_slots(sl, kc))
+
+
+def _check_kv_rows(key: object, value: object, kc: torch.Tensor) -> None:
+    k = _check_tensor("key", key, 3, "[num_tokens, num_kv_heads, head_dim]")
+    v = _check_tensor("value", value, 3, "[num_tokens, num_kv_heads, head_dim]")
+    if k.shape != v.shape or tuple(k.shape[1:]) != tuple(kc.shape[2:]):
+        raise InvalidArgumentError(
+            f"key {tuple(k.shape)} and value {tuple(v.shape)} must both be [num_tokens, "
+            f"{kc.shape[2]}, {kc.shape[3]}] to match the cache"
+        )
+    if k.dtype != kc.dtype or v.dtype != kc.dtype:
+        raise InvalidArgumentError(f"key/value are {k.dtype}/{v.dtype} but the cache is {kc.dtype}: use one dtype")
+    if k.device != kc.device or v.device != kc.device:
+        raise InvalidArgumentError("key, value and the cache must be on one device")
+
+
+def _checked_slots(slots: torch.Tensor, kc: torch.Tensor) -> torch.Tensor:
+    s = slots.to(torch.int64)
+    capacity = kc.shape[0] * kc.shape[1]
+    if s.numel() and (int(s.min()) < -1 or int(s.max()) >= capacity):
+        bad = int(s[(s < -1) | (s >= capacity)][0])
+        raise InvalidArgumentError(f"slot {bad} is outside the pool's {capacity} slots (use -1 to skip a token)")
+    return s
+
+
+def _write_slots(key, value, kc, vc, slots: torch.Tensor) -> None:
+    keep = slots >= 0
+    flat_k = kc.view(-1, *kc.shape[2:])
+    flat_v = vc.view(-1, *vc.shape[2:])
+    flat_k[slots[keep]] = key[keep]
+    flat_v[slots[keep]] = value[keep]
+
+
+def paged_prefill(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_lens: torch.Tensor,
+    *,
+    scale: float | None = None,
+    impl: str = "auto",
+) -> torch.Tensor:
+    """Write the new tokens' K/V through the slot mapping, then attend causally over prefix + new tokens.
+
+    The new tokens are packed: sequence ``s`` contributes ``query_lens[s]`` rows
+    of ``query`` [num_tokens, num_heads, head_dim] and of ``key``/``value``
+    [num_tokens, num_kv_heads, head_dim], in order. They are the last tokens of
+    a sequence that is ``seq_lens[s]`` long after this call, so its first
+    ``seq_lens[s] - query_lens[s]`` tokens must already be in the cache (a prefix
+    hit). The new token at position ``p`` attends to positions ``0..p``.
+    Nothing is written unless every argument is valid.
+    """
+    impl = _check_impl(impl, PREFILL_IMPLS)
+    q = _check_tensor("query", query, 3, "[num_tokens, num_heads, head_dim]")
+    kc, vc = check_cache(key_cache, value_cache)
+    _check_kv_rows(key, value, kc)
+    if key.shape[0] != q.shape[0]:
+        raise InvalidArgumentError(f"query has {q.shape[0]} tokens but key/value {key.shape[0]}: give one row each")
+    if q.dtype != kc.dtype or q.device != kc.device:
+        raise InvalidArgumentError(f"query ({q.dtype}, {q.device}) must match the cache ({kc.dtype}, {kc.device})")
+    if q.shape[2] != kc.shape[3] or q.shape[1] % kc.shape[2]:
+        raise InvalidArgumentError(
+            f"query [*, {q.shape[1]}, {q.shape[2]}] needs head_dim {kc.shape[3]} and a multiple of "
+            f"{kc.shape[2]} heads"
+        )
+    ql = _check_tensor("query_lens", query_lens, 1, "[num_seqs]")
+    _check_int_tensor("query_lens", ql)
+    bt, sl = _check_tables(block_tables, seq_lens, ql.shape[0], kc.shape[1], kc.shape[0], kc.device)
+    q_lens = ql.to(torch.int64).tolist()
+    s_lens = sl.to(torch.int64).tolist()
+    if any(n < 1 for n in q_lens) or sum(q_lens) != q.shape[0]:
+        raise InvalidArgumentError(
+            f"query_lens {q_lens} must be positive and add up to the {q.shape[0]} query tokens"
+        )
+    if any(n > t for n, t in zip(q_lens, s_lens, strict=True)):
+        raise InvalidArgumentError(f"query_lens {q_lens} cannot exceed seq_lens {s_lens}: new tokens are part of the sequence")
+    scale_ = _check_scale(scale, kc.shape[3])
+    slots = torch.cat(
+        [
+            slot_mapping(bt[s], torch.arange(t - n, t, device=kc.device), kc.shape[1])
+            for s, (n, t) in enumerate(zip(q_lens, s_lens, strict=True))
+        ]
+    ) if q_lens else torch.empty(0, dtype=torch.int64, device=kc.device)
+    # validated: from here on the cache changes
+    _write_slots(key, value, kc, vc, slots)
+    out = torch.empty_like(q)
+    start = 0
+    for s, (n, t) in enumerate(zip(q_lens, s_lens, strict=True)):
+        k = gather_sequence(kc, bt[s], t)
+        v = gather_sequence(vc, bt[s], t)
+        rows = slice(start, start + n)
+        # query i sits at position t - n + i and may see keys 0 .. t - n + i
+        mask = torch.arange(t, device=kc.device)[None, :] <= torch.arange(t - n, t, device=kc.device)[:, None]
+        if impl == "reference":
+            out[rows] = _dense_attention_f64(q[rows], k, v, scale_, mask).to(q.dtype)
+        else:
+            out[rows] = _sdpa_causal(q[rows], k, v, scale_, mask)
+        start += n
+    return out
+
+
+def _sdpa_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mask: torch.Tensor) -> torch.Tensor:
+    """torch's fused attention on one gathered sequence; q [n, H, D], k/v [t, Hkv, D]."""
+    work = _work_dtype(q.dtype)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1).to(work),
+        k.transpose(0, 1).to(work),
+        v.transpose(0, 1).to(work),
+        attn_mask=mask,
+        scale=scale,
+        enable_gqa=q.shape[1] != k.shape[1],
+    )
+    return out.transpose(0, 1).to(q.dtype)

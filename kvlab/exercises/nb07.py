@@ -1,0 +1,228 @@
+"""Exercises of notebook 07, LRU eviction (lesson example 7).
+
+The expected answers come from ``kvlab.prefix_cache.PrefixCache``; nothing here states them.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from kvlab.errors import OutOfBlocksError
+from kvlab.exercises.core import NotYet, call, exercise
+from kvlab.prefix_cache import EXAMPLE_7_REQUESTS, EXAMPLE_7_STEPS, HashLabels, PrefixCache
+
+NEXT_REQUEST = ("a1", "f2", "f3")  # 07.2: request F after the lesson, once D has finished
+# 07.3: a pool of 8 blocks of 4 tokens; P (10 tokens) and Q (6 tokens) run, then P and Q finish
+SMALL_POOL = (8, 4)
+P_TOKENS = list(range(100, 110))
+Q_TOKENS = list(range(200, 206))
+
+
+def _lesson_cache() -> tuple[PrefixCache, HashLabels]:
+    """The lesson's pool after its last step (C finished, D still running), with the lesson's hash names."""
+    labels = HashLabels(16)
+    cache = PrefixCache(6, 16)
+    cache.hash_labels = labels.names
+    for op, rid in EXAMPLE_7_STEPS:
+        if op == "free":
+            cache.free(rid)
+        else:
+            cache.allocate(rid, labels.tokens(EXAMPLE_7_REQUESTS[rid]))
+    return cache, labels
+
+
+def _is_int_list(values: list[Any]) -> bool:
+    return all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+
+
+@exercise(
+    "07.1",
+    title="Predict the free queue",
+    assesses="tracing vLLM's free: a finished request's blocks join the back of the queue, last block first",
+    minutes=4,
+    answer_type="list",
+    hints=[
+        "The queue after the lesson is [5, 1, 0], front first, and D holds blocks [2, 4, 3]. Nothing else shares them.",
+        "D's blocks are released last block first, and each one joins the back: the first released ends up "
+        "nearest the front of the three.",
+    ],
+)
+def queue_after_d(answer: list[Any]) -> str:
+    cache, _ = _lesson_cache()
+    table = list(cache.block_table("D"))
+    before = cache.free_queue()
+    cache.free("D")
+    expected = cache.free_queue()
+    if not _is_int_list(answer):
+        raise NotYet("Give block ids as whole numbers, front of the queue first, e.g. [1, 2, 3].")
+    if answer == expected:
+        return (
+            f"D's last block, {table[-1]}, leaves first and so sits nearest the front: d3 will be evicted "
+            f"before d2 and d1, and the older {before} all go before any of D's blocks."
+        )
+    if answer == before + table:
+        raise NotYet("That frees D's blocks in table order. vLLM releases a request's blocks last block first.")
+    if sorted(answer) == sorted(expected) and answer[len(before):] == expected[len(before):]:
+        raise NotYet("D's blocks are right; the blocks that were already free keep their places at the front.")
+    if sorted(answer) != sorted(expected):
+        raise NotYet(f"After D finishes all {len(expected)} blocks of the pool are free; list each once.")
+    raise NotYet(f"{answer} is not the order of the free queue after D finishes.")
+
+
+@exercise(
+    "07.2",
+    title="Which hashes are evicted next?",
+    assesses="predicting LRU eviction: hits leave the queue first, then new blocks come from the front and "
+    "drop the hashes they held",
+    minutes=5,
+    answer_type="list",
+    hints=[
+        "Start from the queue of exercise 07.1. F's first block name, a1, is still cached: F hits it, and that "
+        "block leaves the queue before anything is taken from the front.",
+        "F then needs two new blocks, taken from the front of what is left. Each of them still holds a hash: "
+        "which names are those?",
+    ],
+)
+def next_evictions(answer: list[Any]) -> str:
+    cache, labels = _lesson_cache()
+    cache.free("D")
+    result = cache.allocate("F", labels.tokens(NEXT_REQUEST))
+    expected = [labels[h] for h in result.evicted_hashes]
+    if not all(isinstance(a, str) for a in answer):
+        raise NotYet('Give the evicted hashes by name, as strings, e.g. ["x1", "x2"].')
+    if answer == expected:
+        return (
+            f"F reuses a1 but evicts {expected[0]} and {expected[1]}: a2 sat at the front once a1 was taken out, "
+            "so a prefix that F shares only in part loses its tail."
+        )
+    if "a1" in answer:
+        raise NotYet("a1 is a hit: F takes it out of the queue and reuses it, so it is not evicted.")
+    if sorted(answer) == sorted(expected):
+        raise NotYet("The right names, but list them in the order F takes their blocks from the front.")
+    if len(answer) != len(expected):
+        raise NotYet(f"F needs {len(expected)} new blocks, and each comes from the front of the queue.")
+    raise NotYet(f"{answer} are not the hashes F's new blocks drop.")
+
+
+@exercise(
+    "07.3",
+    title="Partial blocks go to the front",
+    assesses="applying vLLM's rule for unhashed blocks: a partial last block is freed to the front of the queue",
+    minutes=5,
+    answer_type="list",
+    hints=[
+        "P's 10 tokens fill blocks 0 and 1 and put 2 tokens in block 2; Q's 6 tokens fill block 3 and half of 4. "
+        "Full blocks have a hash, partial ones do not.",
+        "Free P, then Q. Each time: hashed blocks join the back (last block first), the unhashed block goes to "
+        "the very front.",
+    ],
+)
+def front_rule(answer: list[Any]) -> str:
+    num_blocks, block_size = SMALL_POOL
+    cache = PrefixCache(num_blocks, block_size)
+    cache.allocate("P", P_TOKENS)
+    cache.allocate("Q", Q_TOKENS)
+    waiting = cache.free_queue()
+    tables = [list(cache.block_table("P")), list(cache.block_table("Q"))]
+    cache.free("P")
+    cache.free("Q")
+    expected = cache.free_queue()
+    if not _is_int_list(answer):
+        raise NotYet("Give block ids as whole numbers, front of the queue first.")
+    if answer == expected:
+        return (
+            "The partial blocks are at the front, so the next allocation reuses them first: they hold no hash, "
+            "so no cached prefix is lost. The hashed ones wait at the back."
+        )
+    lesson_rule = list(waiting)
+    for table in tables:
+        lesson_rule += table[::-1]
+    if answer == lesson_rule:
+        raise NotYet("That is the lesson's program, which puts every freed block at the back. "
+                     "vLLM puts blocks without a hash at the front.")
+    if sorted(answer) != sorted(expected):
+        raise NotYet(f"After both finish, all {num_blocks} blocks are free; list each once.")
+    if answer[:2] == expected[:2][::-1]:
+        raise NotYet("Q finishes after P, so Q's partial block is put at the front after P's is: it is ahead of it.")
+    raise NotYet(f"{answer} is not the order of the free queue after P and Q finish.")
+
+
+@exercise(
+    "07.4",
+    title="Write vLLM's free",
+    assesses="turning the free rules into code: reverse order, reference counts, hashed to the back, "
+    "unhashed to the front",
+    minutes=10,
+    answer_type="function",
+    hints=[
+        "Walk the block table from its last block to its first. Subtract 1 from each block's count; the blocks "
+        "that reach 0 become free, in that order.",
+        "Of the blocks that became free, those in `hashed` go to the back of the queue, in the order they were "
+        "freed; the others go to the front, in front of every block already there.",
+        "A block that another request still holds (its count was above 1) does not join the queue at all.",
+    ],
+)
+def release(answer: Any) -> str:
+    cases = _release_cases()
+    for queue, table, ref_counts, hashed, expected in cases:
+        got = call(answer, list(queue), list(table), dict(ref_counts), set(hashed))
+        if not isinstance(got, (list, tuple)):
+            raise NotYet(f"Return the new free queue as a list of block ids; got {type(got).__name__}.")
+        got = list(got)
+        if got == expected:
+            continue
+        shown = f"release({queue}, {table}, {ref_counts}, {sorted(hashed)})"
+        shared = [b for b in table if ref_counts[b] > 1]
+        if any(b in got for b in shared):
+            raise NotYet(f"{shown} returned {got}: block(s) {shared} are still held by another request.")
+        if sorted(got) == sorted(expected):
+            raise NotYet(f"{shown} returned {got}: the right blocks, in another order than vLLM's {expected}.")
+        raise NotYet(f"{shown} returned {got}; kvlab's PrefixCache leaves the queue as {expected}.")
+    return f"It agrees with kvlab's PrefixCache on all {len(cases)} releases, shared and partial blocks included."
+
+
+def _release_cases() -> list[tuple[list[int], list[int], dict[int, int], set[int], list[int]]]:
+    """(queue, table, ref counts, hashed blocks, queue after) for every free of a few recorded runs."""
+    cases = []
+
+    def record_free(cache: PrefixCache, rid: str) -> None:
+        table = list(cache.block_table(rid))
+        before = cache.free_queue()
+        counts = {b: cache.ref_count(b) for b in table}
+        hashed = {b for b in table if cache.block_hash(b) is not None}
+        cache.free(rid)
+        cases.append((before, table, counts, hashed, cache.free_queue()))
+
+    labels = HashLabels(16)
+    lesson = PrefixCache(6, 16)
+    for op, rid in EXAMPLE_7_STEPS:
+        if op == "free":
+            record_free(lesson, rid)
+        else:
+            lesson.allocate(rid, labels.tokens(EXAMPLE_7_REQUESTS[rid]))
+    small = PrefixCache(*SMALL_POOL)
+    small.allocate("P", P_TOKENS)
+    small.allocate("Q", Q_TOKENS)
+    record_free(small, "P")
+    record_free(small, "Q")
+
+    rng = random.Random(7)
+    cache = PrefixCache(12, 4)
+    live: list[str] = []
+    fresh = 10_000
+    for step in range(60):
+        if live and (rng.random() < 0.45 or len(live) > 4):
+            record_free(cache, live.pop(rng.randrange(len(live))))
+            continue
+        topic = rng.randrange(3)
+        shared = rng.randrange(0, 13)
+        own = rng.randrange(0 if shared else 1, 7)
+        tokens = [1000 * (topic + 1) + i for i in range(shared)] + list(range(fresh, fresh + own))
+        fresh += own
+        try:
+            cache.allocate(f"r{step}", tokens)
+            live.append(f"r{step}")
+        except OutOfBlocksError:
+            pass
+    return cases

@@ -1,0 +1,162 @@
+"""Exercises of notebook 09, prompt layout (lesson example 9).
+
+The expected answers come from ``kvlab.layout.run_layout``; nothing here states them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import lru_cache
+from typing import Any
+
+from kvlab.exercises.core import NotYet, exercise
+from kvlab.layout import (
+    LESSON_LAYOUTS,
+    AgentSession,
+    LayoutRun,
+    Segment,
+    history,
+    new_message,
+    run_layout,
+    system_prompt,
+    timestamp,
+    tool_definitions,
+)
+
+SEGMENTS: dict[str, Callable[[], Segment]] = {
+    "timestamp": timestamp,
+    "system prompt": system_prompt,
+    "tools": tool_definitions,
+    "history": history,
+    "new message": new_message,
+}
+STABLE = ["system prompt", "tools", "history", "new message"]  # the lesson's stable order
+FIXED = ["system prompt", "tools"]  # the parts that never change
+LONGER_SESSION = 11  # exercise 09.3: the session goes on for an 11th turn
+
+
+def _run(names: list[str]) -> LayoutRun:
+    return run_layout([SEGMENTS[n]() for n in names], name=" / ".join(names))
+
+
+@lru_cache(maxsize=1)
+def _best_timestamp_rate() -> float:
+    """The highest hit rate over every place the timestamp can take in the stable order."""
+    return max(_run(STABLE[:i] + ["timestamp"] + STABLE[i:]).hit_rate for i in range(len(STABLE) + 1))
+
+
+@exercise(
+    "09.1",
+    title="Place the timestamp where it costs least",
+    assesses="applying the hash-chain rule to a layout: fixed parts first, what changes as late as possible",
+    minutes=8,
+    answer_type="list",
+    hints=[
+        "Reuse stops at the first block that differs from an earlier prompt. Which segments are the same every turn?",
+        "Put the fixed parts first. Then ask which parts of this turn's prompt come back at the start of the next "
+        "turn's prompt: the history grows by the user message and the answer.",
+    ],
+)
+def place_timestamp(answer: list[Any]) -> str:
+    if not all(isinstance(n, str) for n in answer):
+        raise NotYet(f"Give the segment names as strings, e.g. {STABLE[:2]}.")
+    unknown = [n for n in answer if n not in SEGMENTS]
+    if unknown:
+        raise NotYet(f"Unknown segment name(s) {unknown}: use {list(SEGMENTS)}.")
+    if sorted(answer) != sorted(SEGMENTS):
+        raise NotYet(f"Use each of the five segments exactly once: {list(SEGMENTS)}.")
+    rate = _run(answer).hit_rate
+    best = _best_timestamp_rate()
+    if rate >= best - 1e-12:
+        return (
+            f"{100 * rate:.1f}%: the timestamp comes after everything the next turn repeats. Even the new "
+            "message moves into the history, so the next prompt matches straight through it."
+        )
+    if answer[0] == "timestamp":
+        raise NotYet(f"{100 * rate:.1f}%: a timestamp in the first block changes every later block hash.")
+    if answer.index("history") < max(answer.index(n) for n in FIXED):
+        raise NotYet(
+            f"{100 * rate:.1f}%: the history changes every turn, so a fixed part after it is recomputed every time."
+        )
+    if answer.index("timestamp") < answer.index("history"):
+        raise NotYet(f"{100 * rate:.1f}%: the timestamp still sits before the history, so the history is recomputed.")
+    if answer.index("new message") < answer.index("history"):
+        raise NotYet(f"{100 * rate:.1f}%: the new message differs every turn; before the history it cuts the match there.")
+    raise NotYet(
+        f"{100 * rate:.1f}% is close, but one place does better. Which of this turn's segments does the next "
+        "turn's prompt still contain, and in what order?"
+    )
+
+
+def _sorted_tools() -> Segment:
+    """The tools in a new random order each turn, sorted by their first token (their "name") before sending."""
+    shuffled = tool_definitions(shuffled=True)
+
+    def build(session: AgentSession, turn: int) -> list[int]:
+        tokens = list(shuffled.build(session, turn))
+        size = session.tool_tokens
+        tools = [tokens[i : i + size] for i in range(0, len(tokens), size)]
+        return [tok for tool in sorted(tools) for tok in tool]
+
+    return Segment("tools", build)
+
+
+@exercise(
+    "09.2",
+    title="Predict the hit rate when tools are sorted",
+    assesses="seeing that a deterministic order, not a particular order, is what keeps a prefix cacheable",
+    minutes=4,
+    answer_type="number",
+    hints=[
+        "Compare the tokens the server receives on two turns once the list is sorted. Do they differ?",
+        "Sorting after shuffling gives the same order every turn. Which of the lesson's three layouts sends that?",
+    ],
+)
+def sorted_tools_rate(answer: float) -> str:
+    expected = 100 * run_layout([system_prompt(), _sorted_tools(), history(), new_message()]).hit_rate
+    shuffled = 100 * run_layout(LESSON_LAYOUTS["tools in random order"]()).hit_rate
+    if 0 < answer <= 1 and abs(100 * answer - expected) < 0.05:
+        raise NotYet(f"{answer} looks like a fraction; give a percentage (a number from 0 to 100).")
+    if abs(answer - expected) < 0.05:
+        return (
+            f"{expected:.1f}%, the same as the stable layout: the server only sees the order it receives, and "
+            "sorting makes it the same every turn. Any fixed order works; a fresh random one does not."
+        )
+    if abs(answer - shuffled) < 0.05:
+        raise NotYet("That is the hit rate of the shuffled list. What does the server receive once the list is sorted?")
+    raise NotYet(f"{answer}% is not what the sorted layout reaches.")
+
+
+@exercise(
+    "09.3",
+    title="Tokens computed on turn 11",
+    assesses="tracing one turn of a stable layout: the previous prompt is cached up to its last full block",
+    minutes=6,
+    answer_type="int",
+    hints=[
+        "The previous prompt (turn index 9) is a prefix of this one. Which of its tokens sit in full 16-token blocks?",
+        "Prompt sizes are 830 + 120 × turn index. Cached = the previous prompt rounded down to a multiple of 16; "
+        "computed = this prompt − cached.",
+    ],
+)
+def tokens_computed_turn_11(answer: int) -> str:
+    run = run_layout(LESSON_LAYOUTS["stable prefix"](), turns=LONGER_SESSION)
+    turn, previous = run.turns[-1], run.turns[-2]
+    if answer == turn.computed_tokens:
+        return (
+            f"The previous prompt had {previous.prompt_tokens:,} tokens: {turn.cached_tokens:,} of them in full "
+            f"blocks, served from the cache. This prompt has {turn.prompt_tokens:,}, so "
+            f"{turn.prompt_tokens:,} − {turn.cached_tokens:,} = {turn.computed_tokens} are computed."
+        )
+    if answer == turn.prompt_tokens:
+        raise NotYet("That is the whole prompt; most of it was in the previous prompt and is cached.")
+    if answer == turn.cached_tokens:
+        raise NotYet("That is the cached part; the question asks for the tokens the server computes.")
+    if answer == turn.prompt_tokens - previous.prompt_tokens:
+        raise NotYet(
+            "That counts only the tokens added since the previous prompt. Its last partial block was never "
+            "hashed, so those tokens are computed again too."
+        )
+    if answer in {t.computed_tokens for t in run.turns[1:-1]}:
+        raise NotYet("That is what some other turn computes; check the block boundary of the previous prompt.")
+    raise NotYet(f"{answer} is not what the server computes on turn 11.")

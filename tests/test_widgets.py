@@ -1,0 +1,228 @@
+"""kvlab.views widgets, headless: the stepper's slider drives its figures; the playground records and replays."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from kvlab import contiguous, paged, prefix_cache, radix
+from kvlab.errors import InvalidArgumentError, ScenarioError
+from kvlab.replay import replay
+from kvlab.views import Playground, Stepper, stepper
+from kvlab.views.figures import STATUS_CODE, grid_shape
+
+
+def same(a, b) -> bool:
+    """Equality that treats numpy arrays (what the stepper sends) and lists alike, NaN as a gap."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple, np.ndarray)) and isinstance(b, (list, tuple, np.ndarray)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    gap = (None, "")
+    if (a in gap or (isinstance(a, float) and np.isnan(a))) and (b in gap or (isinstance(b, float) and np.isnan(b))):
+        return True
+    return a == b
+
+
+def assert_shows(st: Stepper, index: int) -> None:
+    """Every figure of the stepper holds exactly the spec of step ``index``."""
+    for v, live in enumerate(st.figures):
+        spec = st.spec(v, index)
+        fw = live.widget
+        assert len(fw.data) == len(spec["data"])
+        for trace, want in zip(fw.data, spec["data"], strict=True):
+            for key, value in want.items():
+                assert same(trace[key] if not isinstance(value, dict) else trace[key].to_plotly_json(), value), (
+                    f"step {index}, trace {want.get('name')!r}, property {key!r} differs"
+                )
+        assert fw.layout.title.text == spec["layout"]["title"]["text"]
+
+
+@pytest.fixture(scope="module")
+def example_7():
+    return prefix_cache.example_7().history
+
+
+def test_setting_the_slider_updates_the_figures_to_that_snapshot(example_7) -> None:
+    st = Stepper(example_7)
+    titles = [f.widget.layout.title.text for f in st.figures]
+    assert titles[0].startswith("<b>Step 0 of 7:") and titles[1].startswith("<b>Free queue · Step 0 of 7:")
+    for index in (3, 6, 1, 7, 0, 5):
+        st.slider.value = index
+        assert_shows(st, index)
+        state = example_7[index].state
+        cols, _ = grid_shape(state.num_blocks)
+        z = st.figures[0].widget.data[0].z
+        assert [z[b // cols][b % cols] for b in range(state.num_blocks)] == [STATUS_CODE[b.status] for b in state.blocks]
+        queue = [t.split("</b>")[0][3:] for t in st.figures[1].widget.data[0].text[1] if t]
+        assert queue == [str(b) for b in state.free_queue]
+        assert example_7[index].caption in st.caption.value
+    st.slider.value = 6
+    assert 0 < st.figures[0].updates < 40  # only what changed is sent
+
+
+def test_buttons_step_and_stop_at_the_ends(example_7) -> None:
+    st = Stepper(example_7, "free_queue")
+    assert st.back.disabled and not st.forward.disabled
+    st.forward.click()
+    st.forward.click()
+    assert st.index == 2
+    assert_shows(st, 2)
+    st.back.click()
+    assert st.index == 1
+    st.go_to(-1)
+    assert st.index == len(example_7) - 1 and st.forward.disabled
+    st.step(+5)
+    assert st.index == len(example_7) - 1
+    with pytest.raises(InvalidArgumentError):
+        st.go_to(len(example_7))
+
+
+def test_stepper_kinds_cover_every_model() -> None:
+    cases = {
+        "contiguous": contiguous.example_1().exact_fit.history,
+        "block_pool": paged.example_4().history,
+        "prefix_cache": prefix_cache.example_7().history,
+        "radix": radix.example_8().history,
+    }
+    for kind, history in cases.items():
+        st = stepper(history, kind)
+        st.slider.value = len(history) - 1
+        assert_shows(st, len(history) - 1)
+    assert len(stepper(cases["prefix_cache"]).figures) == 2  # by default: pool and free queue
+
+
+def test_stepper_with_a_custom_view_and_highlight() -> None:
+    history = paged.example_2().history
+    st = Stepper(history, ["block_pool", lambda state, previous: {"data": [{"type": "bar", "y": [state.num_blocks]}],
+                                                                  "layout": {"title": {"text": "custom"}}}],
+                 highlight=("A", 36))  # fmt: skip
+    st.slider.value = len(history) - 1
+    assert "slot 9×16+4 = 148" in st.figures[0].widget.layout.title.text
+    assert list(st.figures[1].widget.data[0].y) == [12]
+
+
+@pytest.mark.parametrize("views", ["radix", ["nope"], [], 3])
+def test_stepper_rejects_bad_views(example_7, views) -> None:
+    with pytest.raises(InvalidArgumentError):
+        Stepper(example_7, views)
+
+
+def test_stepper_rejects_bad_histories() -> None:
+    with pytest.raises(InvalidArgumentError):
+        Stepper([])
+    with pytest.raises(InvalidArgumentError):
+        stepper(prefix_cache.example_7().history, "pie")
+
+
+# ---------------------------------------------------------------------- playground
+
+
+def test_prefix_cache_playground_round_trips_through_the_replay_cli() -> None:
+    pg = Playground(num_blocks=8, block_size=4)
+    pg.allocate("A", 10, prefix=8)
+    pg.allocate("B", 9, prefix=8, cache_salt=None)
+    pg.append("A", 3)
+    pg.free("A")
+    pg.allocate("C", 12, prefix=8)  # hits A's cached prefix, evicts what it must
+    pg.free("B")
+    scenario = json.loads(pg.to_json())
+    assert scenario["config"] == {"block_size": 4, "num_blocks": 8, "null_block": False, "hash": "lesson"}
+    assert [op["op"] for op in scenario["ops"]] == ["alloc", "alloc", "append", "free", "alloc", "free"]
+    assert scenario["ops"][0]["tokens"][:8] == scenario["ops"][1]["tokens"][:8] == list(range(1000, 1008))
+    records = replay("prefix-cache", scenario["config"], scenario["ops"])
+    assert len(records) == len(pg.ops) == len(pg.history) - 1
+    for record, step in zip(records, pg.history.steps[1:], strict=True):
+        state = step.state
+        assert record["ok"]
+        assert record["free_queue"] == list(state.free_queue)
+        if record["op"] != "free":
+            assert record["block_table"] == list(state.table(record["req"]))
+            assert record["hit_block_ids"] == list(state.hit_blocks)
+            assert record["new_block_ids"] == list(state.new_blocks)
+            assert record["evicted"] == list(state.evicted_blocks)
+    assert records[4]["num_cached_tokens"] == 8  # C reused the two shared blocks A left cached
+    again = Playground.from_scenario(pg.to_json())
+    assert again.state == pg.state
+    assert again.scenario() == pg.scenario()
+
+
+def test_the_lesson_scenario_replays_in_the_playground() -> None:
+    pg = Playground.from_scenario(prefix_cache.example_7_scenario())
+    assert list(pg.state.free_queue) == [5, 1, 0]
+    queue = [t.split("</b>")[0][3:] for t in pg.queue_figure.widget.data[0].text[1] if t]
+    assert queue == ["5", "1", "0"]
+
+
+def test_playground_buttons_use_the_fields_and_update_the_figures() -> None:
+    pg = Playground(num_blocks=6, block_size=4)
+    pg.new_id_box.value, pg.tokens_box.value, pg.prefix_box.value = "A", 9, 8
+    pg.buttons["allocate"].click()
+    assert pg.message.value.count("✓") == 1
+    assert pg.request_pick.options == ("A",) and pg.request_pick.value == "A"
+    assert pg.new_id_box.value == "B"  # the next free id
+    pg.buttons["allocate"].click()
+    assert pg.state.hit_blocks == pg.state.table("A")[:2]  # B shares A's two full prefix blocks
+    assert "B · 9 tok" in pg.pool_figure.widget.layout.yaxis2.ticktext
+    pg.request_pick.value = "A"
+    pg.buttons["free"].click()
+    assert [rid for rid, _ in pg.state.tables] == ["B"]
+    pg.buttons["undo"].click()
+    assert [rid for rid, _ in pg.state.tables] == ["A", "B"]
+    pg.export_button.click()
+    assert json.loads(pg.scenario_box.value) == pg.scenario()
+
+
+@pytest.mark.parametrize("setup, expected", [
+    (lambda pg: setattr(pg.tokens_box, "value", 500), "cannot allocate"),  # more than the pool holds
+    (lambda pg: setattr(pg.new_id_box, "value", "A"), "already"),  # a duplicate id
+    (lambda pg: setattr(pg.prefix_box, "value", 50), "shared prefix"),  # prefix longer than the request
+    (lambda pg: setattr(pg.salt_box, "value", "t1") or setattr(pg.tokens_box, "value", 500), "cannot allocate"),
+])  # fmt: skip
+def test_playground_shows_bad_input_as_a_message(setup, expected) -> None:
+    pg = Playground(num_blocks=6, block_size=4)
+    pg.allocate("A", 5)
+    before = (pg.state, list(pg.ops))
+    setup(pg)
+    pg.buttons["allocate"].click()  # raises nothing into the notebook
+    assert "✗" in pg.message.value and expected in pg.message.value
+    assert (pg.state, pg.ops) == before
+
+
+def test_playground_errors_from_every_button_are_messages() -> None:
+    pg = Playground(num_blocks=4, block_size=4)
+    for name in ("append", "free", "undo"):
+        pg.buttons[name].click()
+        assert "✗" in pg.message.value
+    assert pg.buttons["fork"].disabled  # vLLM's prefix cache has no fork
+    pg.scenario_box.value = "{not json"
+    pg.replay_button.click()
+    assert "not valid JSON" in pg.message.value
+    pg.scenario_box.value = json.dumps({"config": {"block_size": 4, "num_blocks": 4}, "ops": [{"op": "free", "req": "X"}]})
+    pg.replay_button.click()
+    assert "op 0" in pg.message.value and pg.ops == []
+
+
+def test_block_pool_playground_forks_and_copies_on_write() -> None:
+    pg = Playground("block-pool", num_blocks=8, block_size=4)
+    pg.allocate("A", 6)
+    pg.fork("A", "B")
+    pg.append("B", 1)  # B writes into the shared, partly filled last block: copy-on-write
+    state = pg.state
+    assert len(state.copied_blocks) == 1
+    source, target = state.copied_blocks[0]
+    assert state.table("A")[-1] == source and state.table("B")[-1] == target
+    copied = [t for t in pg.pool_figure.widget.data if t.name == "copy-on-write target of this op"][0]
+    assert any(x is not None and not np.isnan(x) for x in copied.x)
+    again = Playground.from_scenario(pg.scenario(), model="block-pool")
+    assert again.state == state
+    with pytest.raises(ScenarioError):
+        Playground.from_scenario(pg.scenario())  # a fork is not a prefix-cache op
+
+
+def test_playground_rejects_bad_construction() -> None:
+    for kwargs in ({"model": "slab"}, {"num_blocks": 0}, {"block_size": "4"}, {"model": "block-pool", "null_block": True}):
+        with pytest.raises(InvalidArgumentError):
+            Playground(**kwargs)
