@@ -463,20 +463,28 @@ def paged_prefill(
         if impl == "reference":
             out[rows] = _dense_attention_f64(q[rows], k, v, scale_, mask).to(q.dtype)
         else:
-            out[rows] = _sdpa_causal(q[rows], k, v, scale_, mask)
+            out[rows] = _sdpa_causal(q[rows], k, v, scale_, None if n == t else mask)
         start += n
     return out
 
 
-def _sdpa_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mask: torch.Tensor) -> torch.Tensor:
-    """torch's fused attention on one gathered sequence; q [n, H, D], k/v [t, Hkv, D]."""
+def _sdpa_causal(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mask: torch.Tensor | None
+) -> torch.Tensor:
+    """torch's fused attention on one gathered sequence; q [n, H, D], k/v [t, Hkv, D].
+
+    ``mask`` None means no cached prefix (n == t): plain causal attention, which
+    lets the kernel skip the upper triangle. Inputs are 4-D so that torch's CPU
+    flash kernel, not the much slower math fallback, runs.
+    """
     work = _work_dtype(q.dtype)
     out = torch.nn.functional.scaled_dot_product_attention(
-        q.transpose(0, 1).to(work),
-        k.transpose(0, 1).to(work),
-        v.transpose(0, 1).to(work),
+        q.transpose(0, 1)[None].to(work),
+        k.transpose(0, 1)[None].to(work),
+        v.transpose(0, 1)[None].to(work),
         attn_mask=mask,
+        is_causal=mask is None,
         scale=scale,
         enable_gqa=q.shape[1] != k.shape[1],
     )
-    return out.transpose(0, 1).to(q.dtype)
+    return out[0].transpose(0, 1).to(q.dtype)

@@ -30,6 +30,7 @@ SIZE_TOKENS = 2000
 BREAK_EVEN_TOKENS = 748  # exercise 11.2: any prefix length gives the same speed
 PREFIX = list(range(5000, 5748))  # exercise 11.3: the saved 748-token prefix
 FILE = "agent-prefix.bin"
+SAME_SIZE_SHAPE = ModelShape(4, 4, 16, "f16")  # as many KV bytes per token as the tiny model
 
 
 def _whole(value: Any) -> bool:
@@ -102,26 +103,28 @@ def break_even(answer: float) -> str:
 def _scenarios() -> dict[int, Callable[[Path], object]]:
     """Numbered restore attempts, as the notebook lists them; each gets a directory holding FILE."""
 
-    def fresh(**kw: Any) -> SlotServer:
-        return SlotServer(1, cache_ram_mib=0, **kw)
-
     def renamed(d: Path) -> object:
         (d / "backup.bin").write_bytes((d / FILE).read_bytes())
-        return restore_slot(fresh(), 0, "backup.bin", directory=d)
+        return restore_slot(SlotServer(1, cache_ram_mib=0), 0, "backup.bin", directory=d)
+
+    def over_a_conversation(d: Path) -> object:
+        server = SlotServer(1, cache_ram_mib=0)
+        server.complete(list(range(100, 400)), max_tokens=4)
+        return restore_slot(server, 0, FILE, directory=d)
 
     def changed_byte(d: Path) -> object:
         blob = bytearray((d / FILE).read_bytes())
         blob[-1] ^= 0x01
         (d / FILE).write_bytes(bytes(blob))
-        return restore_slot(fresh(), 0, FILE, directory=d)
+        return restore_slot(SlotServer(1, cache_ram_mib=0), 0, FILE, directory=d)
 
     return {
-        1: lambda d: restore_slot(fresh(), 0, FILE, directory=d),
-        2: lambda d: restore_slot(fresh(), 0, "../" + FILE, directory=d),
-        3: lambda d: restore_slot(fresh(), 0, FILE, directory=d, shape=ModelShape(4, 2, 32, "f32")),
-        4: renamed,
-        5: changed_byte,
-        6: lambda d: restore_slot(fresh(n_ctx=512), 0, FILE, directory=d),
+        1: renamed,
+        2: lambda d: restore_slot(SlotServer(2, cache_ram_mib=0), 1, FILE, directory=d),
+        3: over_a_conversation,
+        4: lambda d: restore_slot(SlotServer(1, n_ctx=512, cache_ram_mib=0), 0, FILE, directory=d),
+        5: lambda d: restore_slot(SlotServer(1, cache_ram_mib=0), 0, FILE, directory=d, shape=SAME_SIZE_SHAPE),
+        6: changed_byte,
     }
 
 
@@ -149,18 +152,22 @@ def _refused() -> list[int]:
     answer_type="list",
     hints=[
         "A slot file is raw KV values plus the tokens they belong to. What must match for those values to mean anything?",
-        "Refused: names that could leave the save directory, files from another shape or cache type, damaged "
-        "files, and files that do not fit the slot. The file's own name does not matter.",
+        "Refused: files from another model shape or cache type (even one with the same bytes per token), damaged "
+        "files, and files that do not fit in the slot. The file's name, the slot number and what the slot held "
+        "before do not matter.",
     ],
 )
 def refused_restores(answer: list[Any]) -> str:
     expected = _refused()
     if not all(_whole(a) for a in answer):
-        raise NotYet("Give the scenario numbers as whole numbers, e.g. [1, 4].")
+        raise NotYet("Give the scenario numbers as whole numbers, e.g. [1, 2].")
     if sorted(set(answer)) != sorted(answer):
         raise NotYet("Give each scenario number once.")
     if sorted(answer) == expected:
-        return "Each refusal is a clear error, and the slot is left as it was; a copy under another name is fine."
+        return (
+            "A file must fit the slot and come, undamaged, from the same model shape and cache type; equal bytes "
+            "per token are not enough. Its name, the slot and what the slot held before do not matter."
+        )
     missing = sorted(set(expected) - set(answer))
     extra = sorted(set(answer) - set(expected))
     if extra:

@@ -983,23 +983,27 @@ def hit_rate_figure(rates: Mapping[str, Any] | Sequence[Any], *, title: str | No
     pairs = _named_values(rates, ("hit_rate",), "hit rate")
     names = [n for n, _ in pairs]
     values = [_hit_rate_of(n, v) for n, v in pairs]
+    # a rate's label sits on its own bar, or on the miss bar when the hit bar is too short to hold it
+    labels = [f"{100 * v:.1f}%" for v in values]
     hit = {
         "type": "bar", "orientation": "h", "y": names, "x": [100 * v for v in values], "name": "hit (from cache)",
-        "marker": {"color": theme.BLUE}, "text": [f"{100 * v:.1f}%" for v in values], "textposition": "inside",
-        "insidetextanchor": "start", "textfont": {"color": "white"},
+        "marker": {"color": theme.BLUE}, "text": [t if v >= 0.08 else "" for t, v in zip(labels, values, strict=True)],
+        "textposition": "inside", "insidetextanchor": "start", "textfont": {"color": "white"},
         "hovertemplate": "%{y}: %{x:.1f}% of prompt tokens were cache hits<extra></extra>",
     }  # fmt: skip
     miss = {
         "type": "bar", "orientation": "h", "y": names, "x": [100 * (1 - v) for v in values],
         "name": "miss (prefilled)", "marker": {"color": theme.LIGHT_GREY, "pattern": {"shape": "/",
         "fgcolor": theme.GREY, "size": 7}}, "hovertemplate": "%{y}: %{x:.1f}% computed<extra></extra>",
+        "text": [f"hit {t}" if v < 0.08 else "" for t, v in zip(labels, values, strict=True)],
+        "textposition": "inside", "insidetextanchor": "start", "textfont": {"color": theme.INK},
     }  # fmt: skip
     layout = base_layout(
         title_text(title or "Prefix-cache hit rate", "share of prompt tokens served from the cache"),
         barmode="stack", height=len(names) * 44 + 170,
         xaxis={"range": [0, 100], "title": {"text": "% of prompt tokens"}, "ticksuffix": "%"},
         yaxis={"autorange": "reversed", "automargin": True},
-        legend={"orientation": "h", "y": -0.25, "x": 0, "yanchor": "top"},
+        legend={"orientation": "h", "y": -0.25, "x": 0, "yanchor": "top", "traceorder": "normal"},
         margin={"l": 20, "r": 20, "t": 75, "b": 90},
     )  # fmt: skip
     return go.Figure({"data": [hit, miss], "layout": layout})
@@ -1115,7 +1119,8 @@ def cache_n_figure(runs: Mapping[str, Sequence[Any]] | Sequence[Any], *, title: 
             data.append({
                 "type": "bar", "x": turns, "y": values, "name": label, "legendgroup": label,
                 "showlegend": i == 0, "marker": {"color": color, "pattern": {"shape": pattern, "size": 7,
-                "fgcolor": theme.INK, "fgopacity": 0.3}}, "text": values, "textposition": "inside",
+                "fgcolor": theme.INK, "fgopacity": 0.3}}, "textposition": "inside",
+                "text": [v if v >= 0.06 * ymax else "" for v in values], "textangle": 0,
                 "xaxis": f"x{ax}", "yaxis": f"y{ax}",
                 "hovertemplate": f"{name} turn %{{x}}: {label.split(':')[0]} %{{y}}<extra></extra>",
             })  # fmt: skip
@@ -1127,14 +1132,14 @@ def cache_n_figure(runs: Mapping[str, Sequence[Any]] | Sequence[Any], *, title: 
                                      "matches": "y" if i else None}
         total = sum(ps)
         if name:
-            annotations.append({"text": f"<b>{name}</b> · processed {total:,} tokens", "xref": "paper",
+            annotations.append({"text": f"<b>{name}</b><br>processed {total:,} tokens", "xref": "paper",
                                 "yref": "paper", "x": x0 + width / 2, "y": 1.02, "showarrow": False,
                                 "yanchor": "bottom"})  # fmt: skip
     layout = base_layout(
         title_text(title or "Prompt tokens per turn: cached (cache_n) and processed (prompt_n)"),
-        barmode="stack", height=420, annotations=annotations,
-        legend={"orientation": "h", "y": -0.2, "x": 0, "yanchor": "top"},
-        margin={"l": 70, "r": 20, "t": 90, "b": 100}, **layout_axes,
+        barmode="stack", height=440, annotations=annotations,
+        legend={"orientation": "h", "y": -0.2, "x": 0, "yanchor": "top", "traceorder": "normal"},
+        margin={"l": 70, "r": 20, "t": 110, "b": 100}, **layout_axes,
     )  # fmt: skip
     return go.Figure({"data": data, "layout": layout})
 
@@ -1183,7 +1188,7 @@ def utilization_figure(fills: Mapping[str, Any] | Sequence[Any], *, title: str |
         barmode="stack", height=len(names) * 56 + 170,
         xaxis={"range": [0, 100], "ticksuffix": "%", "title": {"text": "% of pool slots"}},
         yaxis={"autorange": "reversed", "automargin": True},
-        legend={"orientation": "h", "y": -0.25, "x": 0, "yanchor": "top"},
+        legend={"orientation": "h", "y": -0.25, "x": 0, "yanchor": "top", "traceorder": "normal"},
         margin={"l": 20, "r": 20, "t": 75, "b": 90},
     )  # fmt: skip
     return go.Figure({"data": data, "layout": layout})

@@ -1,0 +1,110 @@
+"""``python -m kvlab chat``: an agent-like chat on the tiny real engine, with the server's counters.
+
+Prints one line per turn (prompt_tokens, cache_n, prompt_n, ttft_ms and the
+reply), or with ``--json`` a list of ``{"turn", "prompt_tokens", "cache_n",
+"prompt_n", "ttft_ms", "text"}``. Bad options exit with status 2 and one line
+saying what to change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from kvlab.errors import KvlabError
+
+MAX_SYSTEM_TOKENS = 16000
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one clear line, status 2, no usage dump
+        print(f"kvlab chat: {message} (see python -m kvlab chat --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    if value > MAX_SYSTEM_TOKENS:
+        raise argparse.ArgumentTypeError(f"at most {MAX_SYSTEM_TOKENS} (the tiny engine runs on a CPU), got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="python -m kvlab chat",
+        description="Run an agent-like chat on the tiny real engine and print llama-server-style cache counters.",
+    )
+    p.add_argument("--turns", type=_positive, default=4, help="number of user turns (default 4)")
+    p.add_argument("--max-tokens", type=_positive, default=8, help="tokens sampled per reply (default 8)")
+    p.add_argument(
+        "--cache",
+        choices=("slot", "blocks", "off"),
+        default="slot",
+        help="slot: llama-server's token-level prefix reuse; blocks: vLLM's block hashes; off: no reuse",
+    )
+    p.add_argument("--block-size", type=_positive, default=16, help="tokens per KV block (default 16)")
+    p.add_argument(
+        "--system-tokens", type=_non_negative, default=0, help="a system prompt of exactly N tokens (0: the lesson's)"
+    )
+    p.add_argument("--clock", action="store_true", help="put a time stamp at the start of the system prompt")
+    p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.block_size > 4096:
+        print(f"kvlab chat: --block-size {args.block_size} is too large; use at most 4096", file=sys.stderr)
+        return 2
+    try:
+        from kvlab.engine.chat import context_needed, run_chat
+        from kvlab.engine.engine import Engine
+    except ImportError as exc:
+        print(f"kvlab chat: {exc}; install the engine extra: pip install 'kvlab[engine]'", file=sys.stderr)
+        return 2
+    try:
+        engine = Engine(
+            cache=args.cache,
+            block_size=args.block_size,
+            max_model_len=context_needed(args.turns, args.max_tokens, args.system_tokens),
+        )
+        turns = run_chat(
+            engine,
+            turns=args.turns,
+            max_tokens=args.max_tokens,
+            system_tokens=args.system_tokens,
+            clock=args.clock,
+        )
+    except KvlabError as exc:
+        print(f"kvlab chat: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps([t.as_dict() for t in turns], indent=1))
+        return 0
+    print(f"cache={args.cache} block_size={args.block_size} max_tokens={args.max_tokens} clock={args.clock}")
+    for t in turns:
+        print(
+            f"turn {t.turn}: prompt_tokens {t.prompt_tokens:5d}  cache_n {t.cache_n:5d}  prompt_n {t.prompt_n:5d}  "
+            f"ttft_ms {t.ttft_ms:8.1f}  reply:{t.text}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""kvlab.views.swa_view: what it draws for the lesson's SWA runs, its steps, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvlab.agents import example_13
+from kvlab.errors import InvalidArgumentError
+from kvlab.swa import EMPTY, example_12, example_12_chat
+from kvlab.views.agent_view import agent_turns_history
+from kvlab.views.swa_view import swa_animation, swa_figure, swa_hints, swa_spec, swa_stepper
+
+
+@pytest.fixture(scope="module")
+def ex12():
+    return example_12()
+
+
+@pytest.fixture(scope="module")
+def chat():
+    return example_12_chat()
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return example_13()
+
+
+def bars(spec: dict, label_start: str) -> list[tuple[str, int, int, str]]:
+    """(row, start, end, text) of the bar trace whose name starts with ``label_start``."""
+    trace = next(t for t in spec["data"] if t["type"] == "bar" and t["name"].startswith(label_start))
+    return [(y, b, b + x, s) for y, b, x, s in zip(trace["y"], trace["base"], trace["x"], trace["text"], strict=True)]
+
+
+# ---------------------------------------------------------------------- the SWA view
+
+
+def test_the_slot_after_the_long_prompt(ex12):
+    state = ex12.slots["default"].history[5].state
+    spec = swa_spec(state)
+    strip = spec["data"][0]
+    assert strip["type"] == "heatmap" and strip["z"] == [[None if p == EMPTY else p for p in state.cells]]
+    assert bars(spec, "positions the SWA cells") == [("SWA cells cover", 1073, 1841, "[1073, 1840]")]
+    assert bars(spec, "positions the full-attention") == [("full-attention layers", 0, 1841, "0 … 1840")]
+    assert bars(spec, "context checkpoint") == [
+        ("checkpoint 1", 557, 1325, "[557, 1324]"),
+        ("checkpoint 2", 1069, 1837, "[1069, 1836]"),
+    ]
+    labels = next(t for t in spec["data"] if t.get("name") == "cell runs")["text"]
+    assert labels == ["cells 0–304: positions 1536–1840", "cells 305–767: positions 1073–1535"]  # the ring wrapped
+    assert spec["layout"]["yaxis"]["categoryarray"][:3] == ["full-attention layers", "SWA cells cover", "batch decoded"]
+
+
+def test_the_reuse_marks_show_the_needed_band(ex12):
+    short = ex12.default[1]
+    fig = swa_figure(ex12.slots["default"].history[5].state, reuse=(short.common_prefix, short.threshold))
+    lines = sorted(s["x0"] for s in fig.to_plotly_json()["layout"]["shapes"] if s["type"] == "line")
+    assert lines == [222, 350]
+    band = [s for s in fig.to_plotly_json()["layout"]["shapes"] if s["type"] == "rect" and s["xref"] == "x"]
+    assert [(b["x0"], b["x1"]) for b in band] == [(222, 350)]
+    assert "positions 222..349" in fig.layout.title.text
+    json.loads(fig.to_json())
+
+
+def test_swa_full_cells_hold_everything(ex12):
+    spec = swa_spec(ex12.slots["swa_full"].history[3].state)
+    assert len(spec["data"][0]["z"][0]) == 4096
+    assert bars(spec, "positions the SWA cells") == [("SWA cells cover", 0, 1841, "[0, 1840]")]
+
+
+def test_created_and_restored_checkpoints_are_marked(chat):
+    _, _, slot = chat
+    steps = slot.history.steps
+    taken = swa_spec(steps[3].state)  # batch [345, 1284): the user-message checkpoint was taken before it
+    assert bars(taken, "checkpoint taken") == [("checkpoint 1", 0, 345, "[0, 344]")]
+    assert bars(taken, "batch decoded") == [("batch decoded", 345, 1284, "[345, 1284)")]
+    restored = swa_spec(steps[7].state)
+    assert bars(restored, "checkpoint restored") == [("checkpoint 1", 0, 345, "[0, 344]")]
+    assert bars(restored, "positions the SWA cells") == [("SWA cells cover", 0, 344, "[0, 343]")]
+
+
+def test_the_animation_has_one_frame_per_step_on_fixed_axes(ex12):
+    history = ex12.slots["default"].history
+    fig = swa_animation(history, title="Default server")
+    assert len(fig.frames) == len(history)
+    assert fig.layout.meta["kvlab_captions"] == history.captions
+    hints = swa_hints(history)
+    assert hints["x_max"] == 1841 and hints["checkpoint_rows"] == 2
+    assert {len(f.data) for f in fig.frames} == {len(fig.data)}
+    assert fig.layout.xaxis.range == (0, 1841)
+    assert "Step 3 of 9" in fig.frames[3].layout.title.text
+    json.loads(fig.to_json())
+
+
+def test_the_stepper_steps_through_the_history(chat):
+    _, _, slot = chat
+    s = swa_stepper(slot.history)
+    assert len(s.states) == len(slot.history)
+    s.go_to(7)
+    assert s.index == 7 and "restored checkpoint [0, 344]" in s.caption.value
+    shown = s.figures[0].spec
+    assert bars(shown, "checkpoint restored") == [("checkpoint 1", 0, 345, "[0, 344]")]
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda st: swa_spec("state"), "must be a kvlab.swa.SwaState"),
+        (lambda st: swa_spec(st, reuse=(350, 400)), "cannot lie after the reuse point"),
+        (lambda st: swa_spec(st, reuse=(350,)), "pair (n_past, threshold)"),
+        (lambda st: swa_spec(st, checkpoint_rows=1), "holds 2 checkpoints"),
+        (lambda st: swa_spec(st, x_max=0), "x_max"),
+        (lambda st: swa_figure(st, title=3), "title must be a string"),
+    ],
+)
+def test_swa_view_rejects_bad_input(ex12, call, message):
+    with pytest.raises(InvalidArgumentError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        call(ex12.slots["default"].history[5].state)
+
+
+def test_swa_animation_rejects_other_snapshots(runs):
+    with pytest.raises(InvalidArgumentError, match="needs a SwaState"):
+        swa_animation(agent_turns_history(runs))
