@@ -322,7 +322,9 @@ def test_hit_rate_and_utilization_figures_take_model_records() -> None:
     assert "4 requests" in stored.text[0] and "8 requests" in stored.text[1]
     rates = hit_rate_figure({"stable prefix": 11696 / 13700, "timestamp first": 0.0,
                              "tools in random order": {"cached_tokens": 2736, "total_tokens": 13700}})  # fmt: skip
-    assert list(rates.data[0].text) == ["85.4%", "0.0%", "20.0%"]
+    hit, miss = rates.data
+    assert list(hit.text) == ["85.4%", "", "20.0%"]
+    assert list(miss.text) == ["", "hit 0.0%", ""]  # too short a bar: the label moves onto the miss bar
 
 
 def test_per_turn_figures() -> None:

@@ -79,9 +79,13 @@ def place_timestamp(answer: list[Any]) -> str:
             f"{100 * rate:.1f}%: the history changes every turn, so a fixed part after it is recomputed every time."
         )
     if answer.index("timestamp") < answer.index("history"):
-        raise NotYet(f"{100 * rate:.1f}%: the timestamp still sits before the history, so the history is recomputed.")
+        raise NotYet(
+            f"{100 * rate:.1f}%: the timestamp still sits before the history, so the history is recomputed."
+        )
     if answer.index("new message") < answer.index("history"):
-        raise NotYet(f"{100 * rate:.1f}%: the new message differs every turn; before the history it cuts the match there.")
+        raise NotYet(
+            f"{100 * rate:.1f}%: the new message differs every turn; before the history it cuts the match there."
+        )
     raise NotYet(
         f"{100 * rate:.1f}% is close, but one place does better. Which of this turn's segments does the next "
         "turn's prompt still contain, and in what order?"
@@ -123,7 +127,9 @@ def sorted_tools_rate(answer: float) -> str:
             "sorting makes it the same every turn. Any fixed order works; a fresh random one does not."
         )
     if abs(answer - shuffled) < 0.05:
-        raise NotYet("That is the hit rate of the shuffled list. What does the server receive once the list is sorted?")
+        raise NotYet(
+            "That is the hit rate of the shuffled list. What does the server receive once the list is sorted?"
+        )
     raise NotYet(f"{answer}% is not what the sorted layout reaches.")
 
 
@@ -158,5 +164,7 @@ def tokens_computed_turn_11(answer: int) -> str:
             "hashed, so those tokens are computed again too."
         )
     if answer in {t.computed_tokens for t in run.turns[1:-1]}:
-        raise NotYet("That is what some other turn computes; check the block boundary of the previous prompt.")
+        raise NotYet(
+            "That is what some other turn computes; check the block boundary of the previous prompt."
+        )
     raise NotYet(f"{answer} is not what the server computes on turn 11.")

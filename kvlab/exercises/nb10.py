@@ -58,7 +58,9 @@ def turn_five(answer: list[Any]) -> str:
         )
     cache_n, prompt_n = answer
     if cache_n == fourth.prompt_tokens + LESSON_MAX_TOKENS:
-        raise NotYet("One too many: the last sampled token never went through the model, so it is not in the slot.")
+        raise NotYet(
+            "One too many: the last sampled token never went through the model, so it is not in the slot."
+        )
     if cache_n == fourth.prompt_tokens:
         raise NotYet("The slot keeps more than the prompt: the reply's tokens were computed too.")
     if cache_n == fifth.prompt_tokens:
@@ -91,11 +93,15 @@ def never_cached(answer: int) -> str:
             "token of the previous reply."
         )
     if answer == expected + 1:
-        raise NotYet("The sampled token is in the new prompt, but is it in the slot? Its KV was never computed.")
+        raise NotYet(
+            "The sampled token is in the new prompt, but is it in the slot? Its KV was never computed."
+        )
     if answer == len(second):
         raise NotYet("That is the whole new prompt; only the part the slot holds counts.")
     if answer == expected - 1:
-        raise NotYet("The server takes one token back only when the *whole* prompt matches; here it does not.")
+        raise NotYet(
+            "The server takes one token back only when the *whole* prompt matches; here it does not."
+        )
     raise NotYet(f"{answer} is not what the slot holds in common with the second prompt.")
 
 

@@ -96,7 +96,9 @@ def break_even(answer: float) -> str:
     if abs(answer - gib) <= 0.01 * gib:
         raise NotYet("That is in GiB/s; the lesson's disk speeds are in GB/s (10^9 bytes).")
     if abs(answer - cpu / 1000) <= 0.02 * cpu / 1000:
-        raise NotYet("That is the break-even against the CPU; the question asks about the RTX 4090 at half its peak.")
+        raise NotYet(
+            "That is the break-even against the CPU; the question asks about the RTX 4090 at half its peak."
+        )
     raise NotYet(f"At {answer} GB/s reading and recomputing do not take the same time.")
 
 
@@ -123,7 +125,9 @@ def _scenarios() -> dict[int, Callable[[Path], object]]:
         2: lambda d: restore_slot(SlotServer(2, cache_ram_mib=0), 1, FILE, directory=d),
         3: over_a_conversation,
         4: lambda d: restore_slot(SlotServer(1, n_ctx=512, cache_ram_mib=0), 0, FILE, directory=d),
-        5: lambda d: restore_slot(SlotServer(1, cache_ram_mib=0), 0, FILE, directory=d, shape=SAME_SIZE_SHAPE),
+        5: lambda d: restore_slot(
+            SlotServer(1, cache_ram_mib=0), 0, FILE, directory=d, shape=SAME_SIZE_SHAPE
+        ),
         6: changed_byte,
     }
 
@@ -171,5 +175,7 @@ def refused_restores(answer: list[Any]) -> str:
     missing = sorted(set(expected) - set(answer))
     extra = sorted(set(answer) - set(expected))
     if extra:
-        raise NotYet("Some scenarios on your list restore fine: which of them changes nothing the values depend on?")
+        raise NotYet(
+            "Some scenarios on your list restore fine: which of them changes nothing the values depend on?"
+        )
     raise NotYet(f"Your list misses {len(missing)} refused restore{'s' if len(missing) > 1 else ''}.")
