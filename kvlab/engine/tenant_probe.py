@@ -14,7 +14,7 @@ again with each candidate name and watches how the server answers:
 
 The prober classifies from ``cache_n``, the counter an OpenAI-compatible server
 reports as ``usage.prompt_tokens_details.cached_tokens``: it first sends two
-requests with a name it knows is wrong (the first warms its own copy of the
+requests with names it knows are wrong (the first warms its own copy of the
 form's opening, the second measures what any wrong guess gets) and calls a
 guess a hit when it reuses more than that baseline. Times are measured for
 real and returned for plotting; they are not needed for the verdict.
@@ -32,7 +32,7 @@ from kvlab.workloads import JavaRandom
 
 DEFAULT_CANDIDATES = ("alice", "bruno", "chen", "dana", "emeka", "farah")
 DEFAULT_SECRET = "dana"
-DECOY = "nobody"
+DECOYS = ("nobody", "noone")
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,10 @@ def tenant_probe(
     check_int("form_tokens", form_tokens, minimum=1)
     check_int("block_size", block_size, minimum=1)
     if engine is None:
-        engine = Engine(cache="blocks", block_size=block_size, max_model_len=form_tokens + 64)
+        # room for every request's blocks at once, so nothing the victim cached is evicted before the probe
+        max_len = form_tokens + 64
+        num_blocks = (len(names) + len(DECOYS) + 1) * -(-max_len // block_size)
+        engine = Engine(cache="blocks", block_size=block_size, max_model_len=max_len, num_blocks=num_blocks)
     elif not isinstance(engine, Engine) or engine.cache_mode != "blocks":
         raise InvalidArgumentError("engine must be a kvlab Engine built with cache='blocks'")
 
@@ -123,16 +126,11 @@ def tenant_probe(
     victim_salt, prober_salt = ("victim", "prober") if salted else (None, None)
     victim = engine.generate(prompt(secret), max_tokens=1, cache_salt=victim_salt)
     rows: list[ProbeRow] = []
-    controls = [engine.generate(prompt(DECOY), max_tokens=1, cache_salt=prober_salt) for _ in range(2)]
-    # the second control re-sends the first's prompt, so only the form's opening may count: cap at the
-    # longest common start of the decoy's and a candidate's prompts
-    opening = min(_common(prompt(DECOY), prompt(n)) for n in names)
-    baseline = min(controls[1].cache_n, opening // engine.block_size * engine.block_size)
-    for i, res in enumerate(controls):
-        rows.append(
-            ProbeRow("control", DECOY, False, res.prompt_tokens, res.cache_n, res.prompt_n, res.ttft_ms, False)
-        )
-        del i
+    baseline = 0
+    for decoy in DECOYS:  # the first warms the prober's own copy of the opening; the second measures it
+        res = engine.generate(prompt(decoy), max_tokens=1, cache_salt=prober_salt)
+        rows.append(ProbeRow("control", decoy, False, res.prompt_tokens, res.cache_n, res.prompt_n, res.ttft_ms, False))
+        baseline = res.cache_n
     for name in names:
         res = engine.generate(prompt(name), max_tokens=1, cache_salt=prober_salt)
         rows.append(
@@ -152,15 +150,6 @@ def tenant_probe_demo(**kwargs: object) -> dict[str, ProbeRun]:
     }
 
 
-def _common(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def _check_names(secret: object, candidates: object) -> list[str]:
     if not isinstance(secret, str) or not secret.isalpha():
         raise InvalidArgumentError(f"secret must be one word of letters, got {secret!r}")
@@ -172,6 +161,6 @@ def _check_names(secret: object, candidates: object) -> list[str]:
             raise InvalidArgumentError(f"every candidate must be one word of letters, got {n!r}")
     if len(set(names)) != len(names):
         raise InvalidArgumentError("candidates must not repeat a name")
-    if DECOY in names or secret == DECOY:
-        raise InvalidArgumentError(f"{DECOY!r} is the prober's known-wrong control name; pick other names")
+    if set(DECOYS) & {secret, *names}:
+        raise InvalidArgumentError(f"{' and '.join(DECOYS)} are the prober's known-wrong control names; pick others")
     return names
