@@ -61,7 +61,7 @@ Eviction strategies other than LRU (lfu, fifo, priority...) are not modelled.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Container, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain
 
@@ -208,6 +208,7 @@ class RadixTree:
         # entries (last_access, push number, node); stale ones are skipped when popped
         self._heap: list[tuple[int, int, RadixNode]] = []
         self._pushes = 0
+        self._evicting = False  # no heap rebuild mid-eviction: it would add next call's candidates
         self._matched_node: int | None = None
         self._split_nodes: list[int] = []
         self._evicted_runs: list[tuple[int, ...]] = []
@@ -293,12 +294,18 @@ class RadixTree:
         """A request is done with ``node``'s prefix: remove one lock from it up to the root.
 
         Returns the change of the evictable size (zero or positive), as
-        SGLang's ``dec_lock_ref`` does. Unlocking a node that is not locked is
-        refused (SGLang would drive the count negative). Unlocking the root
-        changes nothing.
+        SGLang's ``dec_lock_ref`` does. Unlocking a node that is not locked
+        (count 0 or below) is refused. Unlocking the root changes nothing.
+
+        The walk itself is SGLang's: it decrements every node on the path, so
+        unlocking a handle that was never locked itself, but whose node is
+        locked through a deeper handle, drives the ancestors' counts below 0
+        when that deeper handle is unlocked too. SGLang keeps such counts, and
+        so does this tree: a node at -1 holds no protected tokens and is
+        evictable once it is a leaf (see ``evict``).
         """
         self._check_handle(node, "unlock")
-        if node.parent is not None and node.lock_ref == 0:
+        if node.parent is not None and node.lock_ref <= 0:
             raise InvalidArgumentError(
                 f"cannot unlock {node!r}: it is not locked; unlock only what a lock call locked"
             )
@@ -312,7 +319,7 @@ class RadixTree:
                 self._protected_size -= size
                 delta += size
             node.lock_ref -= 1
-            if node.lock_ref == 0 and not node.children:
+            if node.lock_ref <= 0 and not node.children:
                 self._push(node)
             node = node.parent
         self._record(lambda: f"unlock node #{handle.node_id} ({_depth_tokens(handle)} tokens to the root)")
@@ -324,12 +331,21 @@ class RadixTree:
         Whole unlocked leaves go, least recently accessed first; a parent left
         without children (and unlocked) becomes a candidate at once. Can free
         more than asked, never part of a leaf.
+
+        "Unlocked" is SGLang's ``lock_ref <= 0`` for the leaves a call starts
+        with, but its ``lock_ref == 0`` for a parent left childless during the
+        call: a parent whose count went below 0 (unbalanced unlocks, see
+        ``unlock``) becomes a candidate only from the next call on (SGLang
+        0.5.23 ``RadixCache.evict`` and ``_update_leaf_status``, checked
+        against the real code).
         """
         num_tokens = check_int("num_tokens", num_tokens, minimum=0)
         self._begin_op()
         freed = 0
+        deferred: dict[RadixNode, None] = {}  # parents at lock_ref < 0 left childless by this call
+        self._evicting = True
         while freed < num_tokens:
-            leaf = self._pop_evictable()
+            leaf = self._pop_evictable(deferred)
             if leaf is None:
                 break
             self.allocator.free(leaf.value)
@@ -337,8 +353,14 @@ class RadixTree:
             self._delete_leaf(leaf)
             self._evicted_runs.append(leaf.key)
             parent = leaf.parent
-            if parent is not None and not parent.children and parent.lock_ref == 0:
-                self._push(parent)
+            if parent is not None and not parent.children:
+                if parent.lock_ref == 0:
+                    self._push(parent)
+                elif parent.lock_ref < 0:
+                    deferred[parent] = None
+        self._evicting = False
+        for parent in deferred:
+            self._push(parent)
         runs = list(self._evicted_runs)
         self._record(f"evict {num_tokens}: freed {freed} tokens in {len(runs)} leaves")
         return runs
@@ -492,21 +514,22 @@ class RadixTree:
     def _push(self, node: RadixNode) -> None:
         self._pushes += 1
         heapq.heappush(self._heap, (node.last_access, self._pushes, node))
-        if len(self._heap) > 4 * self._num_nodes + 1024:
+        if len(self._heap) > 4 * self._num_nodes + 1024 and not self._evicting:
             self._rebuild_heap()
 
     def _push_if_evictable(self, node: RadixNode) -> None:
-        if node.lock_ref == 0 and not node.children:
+        if node.lock_ref <= 0 and not node.children:
             self._push(node)
 
     def _is_fresh(self, stamp: int, node: RadixNode) -> bool:
-        return node.alive and node.lock_ref == 0 and not node.children and node.last_access == stamp
+        return node.alive and node.lock_ref <= 0 and not node.children and node.last_access == stamp
 
-    def _pop_evictable(self) -> RadixNode | None:
+    def _pop_evictable(self, not_yet: Container[RadixNode] = ()) -> RadixNode | None:
+        """The least recently accessed candidate leaf, skipping (and dropping) ``not_yet`` ones."""
         heap = self._heap
         while heap:
             stamp, _, node = heapq.heappop(heap)
-            if self._is_fresh(stamp, node):
+            if self._is_fresh(stamp, node) and node not in not_yet:
                 return node
         return None
 
@@ -514,7 +537,7 @@ class RadixTree:
         """Drop stale entries: one entry per evictable leaf (keeps the heap O(nodes))."""
         self._heap = []
         for node in self.nodes():
-            if node.parent is not None and node.lock_ref == 0 and not node.children:
+            if node.parent is not None and node.lock_ref <= 0 and not node.children:
                 self._pushes += 1
                 self._heap.append((node.last_access, self._pushes, node))
         heapq.heapify(self._heap)

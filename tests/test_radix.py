@@ -252,6 +252,28 @@ def test_locked_nodes_are_never_evicted_and_locks_move_tokens_on_0_1_transitions
     assert tree.evict(100) == [(5,), (1, 2)]
 
 
+def test_unbalanced_unlocks_drive_a_count_below_zero_and_such_a_node_waits_one_eviction():
+    # Regression (tools/conformance/fuzz_sglang.py): expected values written by hand from SGLang
+    # 0.5.23's real RadixCache on this scenario. "mid" is never locked itself, but its node is
+    # locked through "deep", so unlocking both walks [1, 2] from 1 to 0 to -1, as dec_lock_ref does.
+    tree = RadixTree()
+    tree.insert([1, 2, 3, 4])
+    deep = tree.match([1, 2, 3, 4]).node
+    mid = tree.match([1, 2]).node  # splits: [1, 2] -> [3, 4]
+    assert tree.lock(deep) == -4
+    assert tree.unlock(mid) == 2 and (tree.evictable_size, tree.protected_size) == (2, 2)
+    assert tree.unlock(deep) == 2 and (tree.evictable_size, tree.protected_size) == (4, 0)
+    assert mid.lock_ref == -1 and deep.lock_ref == 0
+    with pytest.raises(InvalidArgumentError, match="not locked"):
+        tree.unlock(mid)  # a count at or below 0 is not locked
+    # SGLang pushes a parent left childless during a call only when its count is exactly 0, so the
+    # call frees 2 of the 3 tokens asked; the parent is an evictable leaf (count <= 0) next call.
+    assert tree.evict(3) == [(3, 4)]
+    assert shape(tree) == [[[1, 2], -1, []]] and tree.evictable_size == 2
+    assert tree.evict(1) == [(1, 2)]
+    assert (tree.evictable_size, tree.protected_size, shape(tree)) == (0, 0, [])
+
+
 def test_a_handle_survives_a_split_as_the_lower_part():
     tree = RadixTree()
     tree.insert([1, 2, 3, 4])

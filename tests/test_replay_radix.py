@@ -117,6 +117,40 @@ def test_root_handle_and_rebinding():
     assert records[4]["protected_size"] == 2
 
 
+def test_unbalanced_unlocks_follow_sglang_below_zero():
+    # Regression (tools/conformance/fuzz_sglang.py): every record below was written by hand from
+    # SGLang 0.5.23's real RadixCache (tools/conformance/sglang_harness.py) on this scenario.
+    # "mid" is locked only through "deep"'s path, so the two unlocks take [1, 2] to -1. The first
+    # evict stops after [3, 4] (2 of 3 tokens): a parent left childless is pushed within the call
+    # only at count 0; at -1 it is an evictable leaf from the next call on.
+    ops = [
+        {"op": "insert", "tokens": [1, 2, 3, 4]},
+        {"op": "match", "tokens": [1, 2, 3, 4], "as": "deep"},
+        {"op": "match", "tokens": [1, 2], "as": "mid"},
+        {"op": "lock", "node": "deep"},
+        {"op": "unlock", "node": "mid"},
+        {"op": "unlock", "node": "deep"},
+        {"op": "evict", "num_tokens": 3},
+        {"op": "evict", "num_tokens": 1},
+    ]
+    records = replay({}, ops)
+    sizes = [(r["evictable_size"], r["protected_size"]) for r in records]
+    assert sizes == [(4, 0), (4, 0), (4, 0), (0, 4), (2, 2), (4, 0), (2, 0), (0, 0)]
+    assert records[4]["tree"] == node([], 1, node([1, 2], 0, node([3, 4], 1)))
+    assert records[5]["tree"] == node([], 1, node([1, 2], -1, node([3, 4], 0)))
+    assert records[6] == {
+        "op": "evict", "evicted_tokens": 2, "evicted": [[3, 4]], "evictable_size": 2, "protected_size": 0,
+        "tree": node([], 1, node([1, 2], -1)),
+    }
+    assert records[7] == {
+        "op": "evict", "evicted_tokens": 2, "evicted": [[1, 2]], "evictable_size": 0, "protected_size": 0,
+        "tree": node([], 1),
+    }
+    with pytest.raises(ScenarioError, match="not locked") as info:
+        replay({}, ops[:6] + [{"op": "unlock", "node": "mid"}])  # at -1 it is not locked
+    assert info.value.index == 6
+
+
 BAD = [
     # (scenario, op index in the message or None, words the message must contain)
     ('{"ops": [', None, "not valid JSON"),

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kvlab.engine.paged_attention import PREFILL_IMPLS, paged_attention, paged_prefill, write_kv_cache
-from kvlab.engine.paged_attention import slot_mapping as compute_slots
+from kvlab.engine.attention import PREFILL_IMPLS, paged_attention, paged_prefill, write_kv_cache
+from kvlab.engine.attention import slot_mapping as compute_slots
 from kvlab.errors import InvalidArgumentError, check_int, check_tokens
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}

@@ -13,7 +13,17 @@ Views only read ``kvlab.snapshots`` records; they never change a model.
 Importing this package inside a Jupyter kernel calls ``setup()``, which makes
 figures show in JupyterLab, VS Code and exported HTML without network access;
 set ``PLOTLY_RENDERER`` to choose another renderer.
+
+The widgets (``Stepper``, ``stepper``, ``Playground``) load ipywidgets, which a
+notebook that only draws figures does not need: they are imported on first use
+(``from kvlab.views import Stepper`` works as before), so ``import kvlab.views``
+stays quick in every fresh kernel.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from kvlab.views.animations import (
     block_pool_animation,
@@ -34,7 +44,24 @@ from kvlab.views.figures import (
     utilization_figure,
 )
 from kvlab.views.theme import STATUS_COLORS, in_notebook_kernel, setup
-from kvlab.views.widgets import Playground, Stepper, stepper
+
+if TYPE_CHECKING:
+    from kvlab.views.widgets import Playground, Stepper, stepper
+
+_LAZY = ("Playground", "Stepper", "stepper")  # from kvlab.views.widgets, on first use
+
+
+def __getattr__(name: str) -> Any:
+    """``Stepper``, ``stepper``, ``Playground`` (and ``kvlab.views.widgets``), imported on first use."""
+    if name not in (*_LAZY, "widgets"):
+        raise AttributeError(f"module 'kvlab.views' has no attribute {name!r}")
+    module = importlib.import_module("kvlab.views.widgets")  # also sets kvlab.views.widgets
+    return module if name == "widgets" else getattr(module, name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "STATUS_COLORS",

@@ -165,13 +165,12 @@ def swa_spec(state: SwaState, previous: SwaState | None = None, *, title: str | 
             f"<br>taken when {cp.n_tokens:,} prompt tokens were processed")
 
     # runs of neighbouring cells that hold consecutive positions, labelled where wide enough
-    label_x, label_text, label_color = [], [], []
+    label_x, label_text = [], []
     for c0, c1, p0, p1 in _cell_runs(cells):
         width = c1 - c0 + 1
         if width >= 0.12 * n_cells:
             label_x.append((c0 + c1) / 2)
             label_text.append(f"cells {c0}–{c1}: positions {p0}–{p1}" if width >= 0.3 * n_cells else f"{p0}–{p1}")
-            label_color.append("white" if (p0 + p1) / 2 < 0.45 * x_max else theme.INK)
     data: list[dict[str, Any]] = []
     # the SWA cells: one heatmap row, coloured by position (grey where empty)
     data.append({
@@ -197,14 +196,16 @@ def swa_spec(state: SwaState, previous: SwaState | None = None, *, title: str | 
             marker["pattern"] = {"shape": "/", "fgcolor": theme.INK, "fgopacity": 0.45, "size": 8}
         data.append({
             "type": "bar", "orientation": "h", "name": style["label"], "x": b["x"], "base": b["base"], "y": b["y"],
-            "text": b["text"], "textposition": "inside", "insidetextanchor": "middle", "cliponaxis": False,
-            "textfont": {"color": "white" if kind in ("ring", "restored", "batch", "full") else theme.INK},
+            "text": b["text"], "textposition": "auto", "insidetextanchor": "middle", "cliponaxis": False,
+            "insidetextfont": {"color": "white" if kind in ("ring", "restored", "batch", "full") else theme.INK},
+            "outsidetextfont": {"color": theme.INK},
             "hovertext": b["hover"], "hovertemplate": "%{hovertext}<extra></extra>", "marker": marker,
             "showlegend": False, "width": 0.7, "xaxis": "x", "yaxis": "y",
         })  # fmt: skip
     data.append({
         "type": "scatter", "mode": "text", "name": "cell runs", "x": label_x, "y": [0] * len(label_x),
-        "text": label_text, "textfont": {"size": 11, "color": label_color}, "hoverinfo": "skip",
+        "text": label_text, "textfont": {"size": 11, "color": "white", "shadow": "0px 0px 3px #000000, 0px 0px 2px #000000"},
+        "hoverinfo": "skip",
         "showlegend": False, "xaxis": "x2", "yaxis": "y2",
     })  # fmt: skip
     if legend_kinds is None:
