@@ -43,6 +43,9 @@ eviction policy) and why it matters:
 * **Locks** (``inc_lock_ref``/``dec_lock_ref``) walk from the node up to the
   root; a node's tokens move between the evictable and protected totals only
   when its count goes 0 -> 1 or 1 -> 0. The root always has ``lock_ref`` 1.
+  Unbalanced unlocks (a handle unlocked that is locked only through a deeper
+  one) can take an ancestor's count below 0, as in SGLang; ``unlock`` and
+  ``evict`` say what follows.
 * **page_size > 1**: keys are cut to whole pages (SGLang's ``page_aligned``),
   matching compares page by page, the child key is the first page, so splits
   happen only on page boundaries and prompts sharing less than a page share no
@@ -56,6 +59,9 @@ does not stamp the new node. The tree, the matched length, which leaf goes and
 the sizes of example 8 come out the same; the access times here are the
 logical SGLang clock, and ``evict`` is SGLang's (whole leaves until enough).
 Eviction strategies other than LRU (lfu, fifo, priority...) are not modelled.
+
+The replay of this tree is checked record by record against SGLang 0.5.23's real
+``RadixCache`` on random scenarios by ``tools/conformance/fuzz_sglang.py``.
 """
 
 from __future__ import annotations

@@ -139,6 +139,43 @@ def kernel_constants(
     }
 
 
+def compile_ahead(
+    capability: int = 90,
+    *,
+    dtype: torch.dtype = torch.bfloat16,
+    block_size: int = 16,
+    head_dim: int = 128,
+    group: int = 4,
+    num_splits: int = 4,
+) -> triton.compiler.CompiledKernel:
+    """Compile the kernel for an NVIDIA GPU of compute ``capability`` (90: H100/H200) with no GPU present.
+
+    Runs Triton's whole pipeline (Triton IR -> PTX -> cubin with the bundled
+    ``ptxas``). It needs the real compiler, so it cannot run in a process that
+    set ``TRITON_INTERPRET=1``.
+    """
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    kernel = paged_decode_kernel
+    if not hasattr(kernel, "arg_names"):
+        raise RuntimeError("the kernel was built for the interpreter (TRITON_INTERPRET=1); compile in a fresh process")
+    element = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}[dtype]
+    consts = kernel_constants(block_size, head_dim, group, num_splits, dtype)
+    out_type = element if num_splits == 1 else "*fp32"
+    pointers = {"table_ptr": "*i32", "lens_ptr": "*i32", "out_ptr": out_type, "lse_ptr": "*fp32"}
+    signature = {}
+    for name in kernel.arg_names:
+        if name in consts:
+            signature[name] = "constexpr"
+        elif name.endswith("_ptr"):
+            signature[name] = pointers.get(name, element)
+        else:
+            signature[name] = "fp32" if name == "qk_scale" else "i32"
+    source = ASTSource(kernel, signature, constexprs=consts)
+    return triton.compile(source, target=GPUTarget("cuda", capability, 32))
+
+
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, device: torch.device, tile: int) -> int:
     """Enough programs to keep every GPU core busy (about 8 per SM), never splits shorter than 4 tiles."""
     if device.type != "cuda":
