@@ -71,12 +71,14 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _show(value: Any) -> str:
+def _show(value: Any, *, nested: bool = False) -> str:
+    """A lone integer gets thousands separators (2,350); numbers inside lists print plainly, as the
+    lessons print them ([557, 1324])."""
     value = _plain(value)
     if isinstance(value, int) and not isinstance(value, bool):
-        return f"{value:,}"
+        return str(value) if nested else f"{value:,}"
     if isinstance(value, list):
-        return "[" + ", ".join(_show(v) for v in value) + "]"
+        return "[" + ", ".join(_show(v, nested=True) for v in value) + "]"
     return str(value)
 
 

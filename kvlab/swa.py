@@ -27,8 +27,10 @@ cached). llama-server's rule (``tools/server/server-context.cpp``), modelled her
 The comparisons are those of llama.cpp's current ``server-context.cpp``: the
 search starts when ``pos_min >= threshold``, and the threshold is one lower when
 the whole prompt is cached (``has_new_tokens``, PR 24110). Older versions used
-``pos_min > threshold``. The two differ only for a reuse point inside the first
-``n_swa`` tokens (threshold 0): there a ring that still starts at position 0 --
+``pos_min > threshold``. The two differ whenever the ring's oldest position equals
+the threshold (after the lesson's 1,841-token prompt, reusing 1,201 tokens is
+forced with ``>=`` and allowed with ``>``), and for a reuse point inside the first
+``n_swa`` tokens (threshold 0), where a ring that still starts at position 0 --
 even a ``--swa-full`` one -- triggers the search, and without a checkpoint
 ending by then the prompt is processed from the start. The lesson's figures do
 not depend on it.

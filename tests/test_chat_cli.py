@@ -72,7 +72,7 @@ def test_the_table_output(capsys):
         (["--max-tokens", "x"], "--max-tokens: expected a whole number"),
         (["--cache", "radix"], "invalid choice"),
         (["--block-size", "-4"], "--block-size: must be at least 1"),
-        (["--block-size", "9999"], "--block-size 9999 is too large"),
+        (["--block-size", "9999"], "--block-size: 9999 is too large"),
         (["--system-tokens", "-1"], "--system-tokens: must be 0 or more"),
         (["--system-tokens", "99999"], "at most 16000"),
         (["--bogus"], "unrecognized arguments"),

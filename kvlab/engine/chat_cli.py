@@ -15,6 +15,7 @@ import sys
 from kvlab.errors import KvlabError
 
 MAX_SYSTEM_TOKENS = 16000
+MAX_BLOCK_SIZE = 4096
 
 
 class _Parser(argparse.ArgumentParser):
@@ -30,6 +31,13 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _block_size(text: str) -> int:
+    value = _positive(text)
+    if value > MAX_BLOCK_SIZE:
+        raise argparse.ArgumentTypeError(f"{value} is too large; use at most {MAX_BLOCK_SIZE}")
     return value
 
 
@@ -58,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="slot",
         help="slot: llama-server's token-level prefix reuse; blocks: vLLM's block hashes; off: no reuse",
     )
-    p.add_argument("--block-size", type=_positive, default=16, help="tokens per KV block (default 16)")
+    p.add_argument("--block-size", type=_block_size, default=16, help="tokens per KV block (default 16)")
     p.add_argument(
         "--system-tokens", type=_non_negative, default=0, help="a system prompt of exactly N tokens (0: the lesson's)"
     )
@@ -69,9 +77,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.block_size > 4096:
-        print(f"kvlab chat: --block-size {args.block_size} is too large; use at most 4096", file=sys.stderr)
-        return 2
     try:
         from kvlab.engine.chat import context_needed, run_chat
         from kvlab.engine.engine import Engine

@@ -272,7 +272,7 @@ def call(function: Callable[..., Any], *args: Any) -> Any:
     try:
         out = function(*args)
     except Exception as exc:  # the student's code: report it, never raise it
-        shown = ", ".join(repr(a) for a in args)
+        shown = ", ".join(_short(a) for a in args)
         raise NotYet(f"your function raised {type(exc).__name__}: {exc} (called with {shown})") from None
     if out is ...:
         raise _NotDone

@@ -153,8 +153,29 @@ def setup(renderer: str | None = None) -> str:
             f"unknown plotly renderer(s) {unknown}: use one of {', '.join(sorted(known))}, joined with '+'"
         )
     pio.renderers.default = renderer
-    pio.templates.default = f"plotly_white+{TEMPLATE_NAME}"
+    _set_default_template(f"plotly_white+{TEMPLATE_NAME}")
     return renderer
+
+
+def _set_default_template(name: str) -> None:
+    """Make ``name`` plotly's default template without building it now.
+
+    plotly's ``templates.default`` setter merges and validates the whole of
+    plotly_white at once (most of a second in a fresh kernel), although only
+    figures without a template of their own use it, and kvlab's figures name
+    theirs. plotly reads the default from ``_default`` and merges it when such
+    a figure is built, so the name is stored there, after checking that its
+    parts are registered; if this plotly stores it elsewhere, the setter is used.
+    """
+    missing = [part for part in name.split("+") if part not in pio.templates]
+    if missing:  # pragma: no cover - both parts are registered above
+        raise InvalidArgumentError(f"unknown plotly template(s) {missing}")
+    templates = pio.templates
+    if hasattr(templates, "_default"):
+        templates._default = name
+        if templates.default == name:
+            return
+    templates.default = name  # pragma: no cover - another plotly layout: validate now
 
 
 def in_notebook_kernel() -> bool:

@@ -105,22 +105,25 @@ def _still_differs(scenario: dict[str, Any]) -> bool:
 
 
 def shrink(scenario: dict[str, Any]) -> dict[str, Any]:
-    """Drop ops (in halves, then one by one) while the scenario still differs."""
+    """Drop ops (in halves, then one by one, until nothing more goes) while the scenario still differs."""
     found = first_difference(scenario)
     assert found is not None
     ops = scenario["ops"][: found[0] + 1]
     config = scenario["config"]
-    chunk = max(1, len(ops) // 2)
-    while chunk >= 1:
-        i = 0
-        while i < len(ops):
-            trial = ops[:i] + ops[i + chunk:]
-            if trial and _still_differs({"config": config, "ops": trial}):
-                ops = trial
-            else:
-                i += chunk
-        chunk //= 2
-    return {"config": config, "ops": ops}
+    while True:
+        before = len(ops)
+        chunk = max(1, len(ops) // 2)
+        while chunk >= 1:
+            i = 0
+            while i < len(ops):
+                trial = ops[:i] + ops[i + chunk:]
+                if trial and _still_differs({"config": config, "ops": trial}):
+                    ops = trial
+                else:
+                    i += chunk
+            chunk //= 2
+        if len(ops) == before:
+            return {"config": config, "ops": ops}
 
 
 def run(seeds: range, num_ops: int, out: Path | None = None, verbose: bool = False) -> int:
