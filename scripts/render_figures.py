@@ -1,13 +1,15 @@
 """Render every kvlab view to PNG, from real runs of the lesson examples, for review.
 
-    python scripts/render_figures.py [--out renders] [--only NAME ...] [--scale 1]
+    python scripts/render_figures.py [--out renders] [--only NAME ...] [--scale 1] [--width 1100 ...]
 
 Each figure is drawn from the model that the notebooks use (``example_1()``
 ... ``example_13()``, the fleet table of lesson 002), plus edge cases (an
 empty pool, one block, a full pool, 1-token blocks, 512 blocks) and a few
 frames of every animation, each with its slider. Images go to ``--out``
 (default ``renders/``, ignored by git), written by kaleido with Chromium
-(Debian's ``chromium``; set ``BROWSER_PATH`` to use another build).
+(Debian's ``chromium``; set ``BROWSER_PATH`` to use another build). Several
+``--width`` values (say ``--width 700 1200``, a narrow notebook and a wide
+one) put each width's images in its own folder, ``renders/w700/`` and so on.
 """
 
 from __future__ import annotations
@@ -81,6 +83,8 @@ def renders() -> Iterator[Render]:
     yield "ex4_after_fork", lambda: figures.block_pool_figure(states4[3].state, title="After the fork")
     yield "ex4_after_cow", lambda: figures.block_pool_figure(states4[-1].state, title="After copy-on-write")
     yield from animation_frames("ex4_anim", animations.block_pool_animation(states4), [0, 4, -1])
+    yield "ex4_free_list_cow", lambda: figures.free_queue_figure(states4[4].state, states4[3].state,
+                                                                 title=states4[4].caption)
 
     # example 5: a shared system prompt
     ex5 = paged.example_5()
@@ -190,32 +194,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="renders", help="folder for the PNGs (default: renders/)")
     parser.add_argument("--only", nargs="*", default=None, help="render only names starting with these")
     parser.add_argument("--scale", type=float, default=1.0, help="pixel scale (default 1)")
+    parser.add_argument("--width", type=int, nargs="+", default=[WIDTH],
+                        help=f"figure width(s) in px (default {WIDTH}); several go to one folder each")
     args = parser.parse_args(argv)
     if not os.environ.get("BROWSER_PATH"):
         chromium = shutil.which("chromium") or shutil.which("chromium-browser")
         if chromium:
             os.environ["BROWSER_PATH"] = chromium  # kaleido looks here before it tries to find Chrome
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     jobs = [(name, make) for name, make in renders() if not args.only or name.startswith(tuple(args.only))]
-    figs, paths = [], []
+    figs, names = [], []
     start = time.perf_counter()
     for name, make in jobs:
         figs.append(make())
-        paths.append(out / f"{name.replace(' ', '_')}.png")
-    try:
-        import kaleido  # noqa: F401  (kaleido >= 1 renders many figures with one browser)
-        import plotly.io as pio
+        names.append(f"{name.replace(' ', '_')}.png")
+    heights = [fig.layout.height or 500 for fig in figs]  # kaleido ignores layout.height otherwise
+    paths = []
+    for width in args.width:
+        out = Path(args.out) / f"w{width}" if len(args.width) > 1 else Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        these = [out / name for name in names]
+        try:
+            import kaleido  # noqa: F401  (kaleido >= 1 renders many figures with one browser)
+            import plotly.io as pio
 
-        heights = [fig.layout.height or 500 for fig in figs]  # kaleido ignores layout.height otherwise
-        pio.write_images(figs, paths, width=WIDTH, height=heights, scale=args.scale)
-    except Exception as exc:  # noqa: BLE001 - say what is missing, in one line
-        print(f"render_figures: cannot write PNGs ({type(exc).__name__}: {exc}); "
-              "install kaleido and Chromium (apt-get install chromium)", file=sys.stderr)  # fmt: skip
-        return 1
+            pio.write_images(figs, these, width=width, height=heights, scale=args.scale)
+        except Exception as exc:  # noqa: BLE001 - say what is missing, in one line
+            print(f"render_figures: cannot write PNGs ({type(exc).__name__}: {exc}); "
+                  "install kaleido and Chromium (apt-get install chromium)", file=sys.stderr)  # fmt: skip
+            return 1
+        paths += these
     for path in paths:
         print(path)
-    print(f"{len(paths)} figures in {time.perf_counter() - start:.1f} s -> {out}/")
+    print(f"{len(paths)} images in {time.perf_counter() - start:.1f} s -> {args.out}/")
     return 0
 
 

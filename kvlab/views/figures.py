@@ -519,9 +519,7 @@ def free_queue_spec(state: BlockPoolState, previous: BlockPoolState | None = Non
     # what left the queue: hits touched out of it, and blocks taken from the front
     prev_pos = {b: i for i, b in enumerate(previous.free_queue)} if previous is not None else {}
     prev_hash = {b.block_id: b.block_hash for b in previous.blocks} if previous is not None else {}
-    hits = [b for b in state.hit_blocks if previous is None or b in prev_pos]
-    left = [b for b in state.new_blocks] + [b for b in hits if b not in state.new_blocks]
-    left = [b for b in left if b not in queue_pos]
+    hits, copies, left = _queue_leavers(state, previous)
     place_at_old = previous is not None and all(prev_pos.get(b, cols) < cols for b in left)
     evicted = set(state.evicted_blocks)
     left_cells: dict[int, tuple[int, int]] = {}
@@ -536,6 +534,9 @@ def free_queue_spec(state: BlockPoolState, previous: BlockPoolState | None = Non
             why = f"taken from the front{was}; its cached hash {gone or ''} was dropped (evicted)"
         elif b in state.new_blocks:
             tag, why = "new", f"taken from the front{was} for new tokens"
+        elif b in copies:
+            tag = f"copy of {copies[b]}"
+            why = f"taken from the front{was} for a copy-on-write of block {copies[b]}"
         else:
             tag, why = "hit", f"cache hit{was}: touched out of the queue, ref count now {block.ref_count}"
         z[0][c] = STATUS_CODE[block.status]
@@ -553,11 +554,13 @@ def free_queue_spec(state: BlockPoolState, previous: BlockPoolState | None = Non
     data += _status_legend(state.null_block is not None)
     hx, hy = rect_path([left_cells[b] for b in hits if b in left_cells], inset=0.07)
     nx, ny = rect_path([left_cells[b] for b in state.new_blocks if b in left_cells], inset=0.07)
+    cx, cy = rect_path([left_cells[b] for b in copies if b in left_cells], inset=0.16)
     ex, ey = cross_path([(left_cells[b][0] + 0.27, -0.22) for b in state.evicted_blocks if b in left_cells],
                         half=0.1)
     joined = [b for b in state.free_queue if previous is not None and b not in prev_pos]
     fx, fy = rect_path([qcell(b) for b in joined], inset=0.07)
     data += [_mark("hit", hx, hy, legend="hit" in shown), _mark("new", nx, ny, legend="new" in shown),
+             _mark("copied", cx, cy, legend="copied" in shown),
              _mark("evicted", ex, ey, width=2.5, legend="evicted" in shown),
              _mark("freed", fx, fy, legend="freed" in shown)]  # fmt: skip
 
@@ -567,7 +570,7 @@ def free_queue_spec(state: BlockPoolState, previous: BlockPoolState | None = Non
                f"{state.free_queue[0]} · back: block {state.free_queue[-1]}")
     else:
         sub = "the free queue is empty: every block is in use"
-    if previous is None and (state.hit_blocks or state.new_blocks):
+    if previous is None and left:
         sub += " · pass previous= to place leavers where they left"
     head = caption or title or "Free queue"
     if "free queue" not in head.lower():
@@ -1201,9 +1204,37 @@ def block_pool_marks(state: BlockPoolState) -> set[str]:
     return {k for k, v in found.items() if v}
 
 
+def _queue_leavers(state: BlockPoolState, previous: BlockPoolState | None
+                   ) -> tuple[list[int], dict[int, int], list[int]]:
+    """(hits that came out of the queue, copy-on-write target -> source, every block that left the queue).
+
+    Blocks leave the free queue three ways: taken from the front for new
+    tokens, taken from the front for a copy-on-write, or touched out of it by
+    a cache hit. A hit on a block that was already in use (a fork shares its
+    parent's blocks the same way) did not come from the queue: with
+    ``previous`` that is read from the old queue; without it, a hit block now
+    held more than once was held before the op.
+    """
+    queued = set(state.free_queue)
+    if previous is not None:
+        was_queued = set(previous.free_queue)
+        hits = [b for b in state.hit_blocks if b in was_queued]
+    else:
+        refs = {b.block_id: b.ref_count for b in state.blocks}
+        hits = [b for b in state.hit_blocks if refs.get(b, 0) <= 1]
+    copies = {target: source for source, target in state.copied_blocks}
+    left = list(dict.fromkeys([*state.new_blocks, *copies, *hits]))
+    return hits, copies, [b for b in left if b not in queued]
+
+
 def free_queue_marks(state: BlockPoolState, previous: BlockPoolState | None) -> set[str]:
     """The marks a free-queue snapshot shows (blocks that left the queue, evictions, blocks that joined)."""
-    marks = {k for k in block_pool_marks(state) if k in ("hit", "new", "evicted")}
+    hits, copies, left = _queue_leavers(state, previous)
+    marks = {k for k in block_pool_marks(state) if k in ("new", "evicted")}
+    if any(b in left for b in hits):
+        marks.add("hit")
+    if any(b in left for b in copies):
+        marks.add("copied")
     if previous is not None and set(state.free_queue) - set(previous.free_queue):
         marks.add("freed")
     return marks
