@@ -261,11 +261,6 @@ class PrefixCache:
             raise InvalidArgumentError(
                 f"unknown hash scheme {hash_scheme!r}: use one of {', '.join(hashing.SCHEMES)}"
             )
-        if null_block and num_blocks < 2:
-            raise InvalidArgumentError(
-                f"num_blocks={num_blocks} with null_block=True leaves no usable block: "
-                "block 0 is reserved, so give at least 2"
-            )
         self.block_size = block_size
         self.hash_scheme = hash_scheme
         self._none_hash = hashing.none_hash(hash_scheme)

@@ -96,10 +96,6 @@ def _build(config: Any) -> PrefixCache:
     null_block = config.get("null_block", False)
     if not isinstance(null_block, bool):
         raise ScenarioError(f"config 'null_block' must be true or false, got {_brief(null_block)}")
-    if null_block and config["num_blocks"] < 2:
-        raise ScenarioError(
-            f"config num_blocks={config['num_blocks']} with null_block leaves no usable block: give at least 2"
-        )
     scheme = config.get("hash", "lesson")
     if scheme not in SCHEMES:
         raise ScenarioError(

@@ -324,7 +324,6 @@ def test_double_free_is_an_unknown_request():
         {"num_blocks": 4, "block_size": 0},
         {"num_blocks": True, "block_size": 4},
         {"num_blocks": 4, "block_size": 2.0},
-        {"num_blocks": 1, "block_size": 4, "null_block": True},
         {"num_blocks": 4, "block_size": 4, "null_block": 1},
         {"num_blocks": 4, "block_size": 4, "hash_scheme": "md5"},
         {"num_blocks": 4, "block_size": 4, "record": "yes"},

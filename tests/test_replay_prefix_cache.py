@@ -135,12 +135,6 @@ BAD_SCENARIOS = {
     "block_size 0": ({"block_size": 0, "num_blocks": 4}, [], None, "block_size"),
     "pool 0": ({"block_size": 4, "num_blocks": 0}, [], None, "num_blocks"),
     "pool as text": ({"block_size": 4, "num_blocks": "4"}, [], None, "num_blocks"),
-    "null block leaves no pool": (
-        {"block_size": 4, "num_blocks": 1, "null_block": True},
-        [],
-        None,
-        "null_block",
-    ),
     "null_block not bool": ({"block_size": 4, "num_blocks": 4, "null_block": 1}, [], None, "null_block"),
     "unknown hash": ({"block_size": 4, "num_blocks": 4, "hash": "md5"}, [], None, "hash"),
     "pool too large": ({"block_size": 4, "num_blocks": 10**9}, [], None, "too large"),
@@ -223,3 +217,15 @@ def test_bad_scenario_in_a_fresh_interpreter(case):
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
     assert index is None or f"op {index}:" in done.stderr
+
+
+def test_a_one_block_pool_with_the_null_block_refuses_every_allocation_like_vllm() -> None:
+    """vLLM's BlockPool(num_gpu_blocks=1) pops block 0 as the null block and then refuses every
+    allocation (allocate_slots returns None); the scenario itself is valid."""
+    ops = [
+        {"op": "alloc", "req": "A", "tokens": [1, 2, 3]},
+        {"op": "probe", "tokens": [1, 2, 3, 4, 5]},
+    ]
+    records = replay({"block_size": 4, "num_blocks": 1, "null_block": True}, ops)
+    assert records[0]["ok"] is False and records[0]["new_block_ids"] == [] and records[0]["free_queue"] == []
+    assert records[1]["num_cached_tokens"] == 0
