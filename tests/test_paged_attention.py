@@ -6,6 +6,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from kvlab.engine import paged_attention, paged_prefill, slot_mapping, write_kv_cache  # noqa: E402
+from kvlab.engine.attention import _torch_decode, check_decode_args  # noqa: E402
 from kvlab.errors import InvalidArgumentError  # noqa: E402
 
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}
@@ -61,7 +62,7 @@ def dense_f64(query, keys, values, scale=None):
     return torch.stack(out)
 
 
-LENS = [1, 7, 16, 17, 100, 300]
+LENS = [1, 7, 16, 17, 100, 300, 1100]  # 1100 tokens span several tiles of the torch walk
 
 
 @pytest.mark.parametrize("impl", ["reference", "torch"])
@@ -99,17 +100,20 @@ def test_shared_blocks_and_an_int64_table():
     torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=0)
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(
     lens=st.lists(st.integers(1, 90), min_size=1, max_size=5),
     block_size=st.sampled_from([1, 2, 5, 16, 32]),
     group=st.sampled_from([1, 2, 4]),
+    tile_tokens=st.sampled_from([None, 1, 16, 40]),
     seed=st.integers(0, 2**16),
 )
-def test_torch_walk_equals_the_reference_on_random_shapes(lens, block_size, group, seed):
+def test_torch_walk_equals_the_reference_on_random_shapes(lens, block_size, group, tile_tokens, seed):
+    """Any tile size (several tiles per sequence, a padded last tile) gives the reference's answer."""
     q, kc, vc, bt, sl, _, _ = make_case(lens, block_size, 2, group, head_dim=16, seed=seed)
+    shape, scale = check_decode_args(q, kc, vc, bt, sl, None)
     torch.testing.assert_close(
-        paged_attention(q, kc, vc, bt, sl, impl="torch"),
+        _torch_decode(q, kc, vc, bt, sl, scale, shape, tile_tokens=tile_tokens),
         paged_attention(q, kc, vc, bt, sl, impl="reference"),
         atol=1e-5,
         rtol=0,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 
 import plotly.graph_objects as go
 import plotly.io as pio
@@ -30,7 +32,8 @@ from kvlab.views import (
     tokens_per_turn_figure,
     utilization_figure,
 )
-from kvlab.views.figures import STATUS_CODE, block_pool_spec, grid_shape
+from kvlab.views._common import NARROWEST, legend_height, text_px
+from kvlab.views.figures import LABEL_WIDTH, STATUS_CODE, block_pool_spec, grid_shape, per_turn_figure
 
 # ---------------------------------------------------------------------- helpers
 
@@ -183,7 +186,9 @@ def test_example_4_marks_the_copy_on_write_target_and_shared_blocks() -> None:
     assert outlined_cells(copied) == {(target, 0)}
     last = history[-1].state
     fig = block_pool_figure(last)
-    assert block_cell(fig, last, 0)[1] == "<b>0</b><br>×3"  # shared by three samples
+    assert block_cell(fig, last, 0)[1] == "<b>0</b><br>ref 3"  # shared by three samples
+    # an owner's name is kept whole, broken before its number where the cell is narrow; never "s0"
+    assert block_cell(fig, last, target)[1] in ("<b>3</b><br>sample 0", "<b>3</b><br>sample<br>0")
 
 
 def test_example_7_free_queue_shows_evictions_with_their_hashes() -> None:
@@ -202,6 +207,97 @@ def test_example_7_free_queue_shows_evictions_with_their_hashes() -> None:
     final = free_queue_figure(history[-1].state)
     queue = [label for (c, r), (_, label, _) in sorted(grid_cells(final).items()) if r == 1]
     assert [q.split("</b>")[0].removeprefix("<b>") for q in queue] == ["5", "1", "0"]
+
+
+def test_copy_on_write_targets_leave_the_free_queue_marked() -> None:
+    """Example 4: each sample's write takes a fresh block for its copy; the queue shows it leaving."""
+    history = paged.example_4().history
+    cows = [i for i, s in enumerate(history) if s.state.copied_blocks]
+    assert [history[i].state.copied_blocks for i in cows] == [((2, 3),), ((2, 4),)]
+    copy_label = theme.MARK_STYLES["copied"]["label"]
+    for i in cows:
+        state, previous = history[i].state, history[i - 1].state
+        (source, target), = state.copied_blocks
+        fig = free_queue_figure(state, previous)
+        left = {c: label for (c, r), (_, label, _) in grid_cells(fig).items() if r == 0}
+        assert list(left) == [previous.free_queue.index(target)]  # drawn where it left from: the front
+        assert left[0].startswith(f"<b>{target}</b><br>") and "copy" in left[0] and str(source) in left[0]
+        hover = grid_cells(fig)[(0, 0)][2]
+        assert f"copy-on-write of block {source}" in hover
+        assert outlined_cells(trace_named(fig, copy_label)) == {(0, 0)}
+        assert copy_label in legend_names(fig)
+    fork = next(i for i, s in enumerate(history) if s.caption.startswith("fork"))
+    for previous in (history[fork - 1].state, None):  # a fork shares blocks in use: nothing leaves the queue
+        fig = free_queue_figure(history[fork].state, previous)
+        assert not [r for (_, r) in grid_cells(fig) if r == 0]
+        assert not legend_names(fig) & {theme.MARK_STYLES[k]["label"] for k in ("hit", "copied", "new")}
+    anim = free_queue_animation(history)
+    assert copy_label in {t.name for t in anim.data if t.showlegend}
+    for i in cows:
+        target = history[i].state.copied_blocks[0][1]
+        assert str(anim.frames[i].data[0].text[0][0]).startswith(f"<b>{target}</b>")
+
+
+def test_block_labels_name_their_owner_in_full_up_to_64_blocks() -> None:
+    """Owner names are kept whole (over two lines if need be) where the default figure has room."""
+    names = ["sample 0", "request 12", "others", "B"]
+    for num_blocks in (8, 12, 13, 40, 64):
+        pool = paged.BlockPool(num_blocks, 4, share_prefixes=False)
+        per = max(1, num_blocks // len(names))
+        for name in names:
+            pool.allocate(name, 4 * per)
+        state = pool.snapshot()
+        fig = block_pool_figure(state)
+        cells = grid_cells(fig)
+        cols, _ = grid_shape(num_blocks)
+        assert cols <= 12
+        room = (LABEL_WIDTH - fig.layout.margin.l - 20) / cols - 6  # px across a cell at the default width
+        for rid, table in state.tables:
+            for b in table:
+                label = block_cell(fig, state, b, cells)[1]
+                owner_lines = label.split("<br>")[1:]
+                assert " ".join(owner_lines) == rid, (num_blocks, label)  # whole: no initials, no cut
+                assert all(text_px(line) <= room for line in owner_lines), (num_blocks, label)
+
+
+def test_chart_legends_sit_under_the_x_axis_title() -> None:
+    """The legend starts below the tick labels and axis title, and the figure has room for it when it wraps."""
+    ex3 = utilization.example_3(record=False)
+    figs = [
+        utilization_figure([ex3.reserving, ex3.paged]),
+        hit_rate_figure({"a": 0.5, "b": 0.25}),
+        per_turn_figure({"x": [1, 2, 3], "y": [3, 2, 1]}, y_title="tokens", title="t"),
+        cache_n_figure({"one": [(0, 10), (8, 3)], "two": [(0, 10), (2, 9)]}),
+    ]
+    for fig in figs:
+        m, height = fig.layout.margin, fig.layout.height
+        plot_h = height - m.t - m.b
+        below_plot = -fig.layout.legend.y * plot_h
+        assert fig.layout.legend.yanchor == "top" and below_plot >= 50  # under ticks and the axis title
+        need = legend_height([t.to_plotly_json() for t in fig.data], left=m.l, font_px=13, traceorder="normal")
+        assert m.b >= below_plot + need  # room for the legend as wrapped at the narrowest width
+
+
+@pytest.mark.parametrize("make", [
+    lambda: contiguous_animation(contiguous.example_1().exact_fit.history),
+    lambda: block_pool_animation(paged.example_4().history),
+    lambda: free_queue_animation(prefix_cache.example_7().history),
+    lambda: radix_animation(radix.example_8().history),
+])  # fmt: skip
+def test_animation_controls_have_their_own_rows_under_the_legend(make) -> None:
+    """Buttons on a row of their own, the slider across the whole width under them, both under the legend."""
+    fig = make()
+    m, height = fig.layout.margin, fig.layout.height
+    plot_h = height - m.t - m.b
+    slider, menu = fig.layout.sliders[0], fig.layout.updatemenus[0]
+    assert slider.x == 0 and slider.len == 1 and menu.x == 0 and menu.xanchor == "left"
+    buttons_top, slider_top = -menu.y * plot_h, -slider.y * plot_h  # px under the plot
+    assert slider_top - buttons_top >= 36  # a button is about 30 px tall
+    legend_bottom = -fig.layout.legend.y * plot_h + legend_height(
+        [t.to_plotly_json() for t in fig.data], left=m.l, width=NARROWEST,
+        font_px=fig.layout.legend.font.size or 13, traceorder=fig.layout.legend.traceorder)
+    assert buttons_top >= legend_bottom
+    assert m.b >= slider_top + 70  # the slider's rail and step numbers fit in the figure
 
 
 def test_example_8_radix_tree_shows_locks_and_the_evicted_leaf() -> None:
@@ -368,12 +464,47 @@ def test_bad_input_is_rejected_with_a_kvlab_error(call, error) -> None:
     assert isinstance(info.value, KvlabError) and str(info.value)
 
 
+def test_importing_the_views_leaves_the_widgets_for_later() -> None:
+    """``import kvlab.views`` loads neither ipywidgets nor IPython; the widgets load on first use."""
+    code = (
+        "import sys, kvlab.views as v\n"
+        "assert 'ipywidgets' not in sys.modules and 'IPython' not in sys.modules, 'loaded too early'\n"
+        "from kvlab.views import Playground, Stepper, stepper\n"
+        "import kvlab.views.widgets as w\n"
+        "assert (Stepper, Playground, stepper) == (w.Stepper, w.Playground, w.stepper) and v.widgets is w\n"
+        "assert 'ipywidgets' in sys.modules and {'Stepper', 'Playground'} <= set(dir(v))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    with pytest.raises(AttributeError):
+        import kvlab.views as views
+
+        views.no_such_view  # noqa: B018
+
+
+def test_kvlab_template_keeps_plotly_white_for_what_the_views_draw() -> None:
+    white = pio.templates["plotly_white"].to_plotly_json()
+    ours = pio.templates[theme.TEMPLATE_NAME].to_plotly_json()
+    assert set(ours["data"]) == set(theme.TEMPLATE_TRACES) == {"bar", "heatmap", "scatter"}
+    assert all(ours["data"][k] == white["data"][k] for k in theme.TEMPLATE_TRACES)
+    for key in set(white["layout"]) - {"geo", "polar", "scene", "ternary", "font", "colorway", "hoverlabel",
+                                       "title"}:  # fmt: skip
+        assert ours["layout"][key] == white["layout"][key], key
+    assert ours["layout"]["font"]["family"] == theme.FONT_FAMILY
+    spec_types = {t["type"] for s in (block_pool_spec(paged.example_2().history[-1].state),) for t in s["data"]}
+    assert spec_types <= set(theme.TEMPLATE_TRACES)
+
+
 def test_setup_configures_offline_renderers_and_rejects_unknown_ones(monkeypatch) -> None:
     before = pio.renderers.default
     try:
         monkeypatch.delenv("PLOTLY_RENDERER", raising=False)
         assert setup() == "plotly_mimetype+notebook"
         assert pio.renderers.default == "plotly_mimetype+notebook"
+        assert pio.templates.default == "plotly_white+kvlab"
+        other = go.Figure(go.Pie(values=[1, 2]))  # a figure of the student's own: plotly_white, kvlab's fonts
+        assert other.layout.template.layout.font.family == theme.FONT_FAMILY
+        assert other.layout.template.data.pie == pio.templates["plotly_white"].data.pie
         with pytest.raises(InvalidArgumentError):
             setup("nonsense+json")
         assert pio.renderers.default == "plotly_mimetype+notebook"  # a rejected call changes nothing

@@ -176,10 +176,8 @@ def test_playground_buttons_use_the_fields_and_update_the_figures() -> None:
 
 
 @pytest.mark.parametrize("setup, expected", [
-    (lambda pg: setattr(pg.tokens_box, "value", 500), "cannot allocate"),  # more than the pool holds
     (lambda pg: setattr(pg.new_id_box, "value", "A"), "already"),  # a duplicate id
     (lambda pg: setattr(pg.prefix_box, "value", 50), "shared prefix"),  # prefix longer than the request
-    (lambda pg: setattr(pg.salt_box, "value", "t1") or setattr(pg.tokens_box, "value", 500), "cannot allocate"),
 ])  # fmt: skip
 def test_playground_shows_bad_input_as_a_message(setup, expected) -> None:
     pg = Playground(num_blocks=6, block_size=4)
@@ -189,6 +187,37 @@ def test_playground_shows_bad_input_as_a_message(setup, expected) -> None:
     pg.buttons["allocate"].click()  # raises nothing into the notebook
     assert "✗" in pg.message.value and expected in pg.message.value
     assert (pg.state, pg.ops) == before
+
+
+@pytest.mark.parametrize("salt", ["", "t1"])
+def test_a_refused_allocation_is_recorded_and_replays_as_not_ok(salt) -> None:
+    pg = Playground(num_blocks=6, block_size=4)
+    pg.allocate("A", 5)
+    before = pg.state
+    pg.new_id_box.value, pg.tokens_box.value, pg.salt_box.value = "B", 500, salt  # more than the pool holds
+    pg.buttons["allocate"].click()
+    assert "✗" in pg.message.value and "cannot allocate" in pg.message.value and "ok: false" in pg.message.value
+    assert pg.state == before and len(pg.history) == 2  # the pool is unchanged: no step
+    assert [op["op"] for op in pg.ops] == ["alloc", "alloc"] and list(pg.refused) == [1]
+    assert "refused" in pg.log()[1] and "refused" in pg.log_view.value
+    assert pg.new_id_box.value == "C"  # B's id was used by the refused op
+    assert pg.append("A", 3) and not pg.append("A", 100)  # a refused append is recorded too
+    assert not pg.allocate("B", 500)
+    assert pg.allocate("B", 4)  # the refused B left no request behind
+    scenario = json.loads(pg.to_json())
+    assert "model" not in scenario  # exactly the replay CLI's JSON
+    records = replay("prefix-cache", scenario["config"], scenario["ops"])
+    assert [r["ok"] for r in records] == [True, False, True, False, False, True]
+    steps = iter(pg.history.steps[1:])
+    for record in records:
+        state = next(steps).state if record["ok"] else None
+        if state is not None:
+            assert record["free_queue"] == list(state.free_queue)
+    again = Playground.from_scenario(pg.to_json())
+    assert again.scenario() == pg.scenario() and again.refused.keys() == pg.refused.keys()
+    assert again.state == pg.state and again.log() == pg.log()
+    pg.undo()  # takes back the last op; the refusals before it stay
+    assert list(pg.refused) == [1, 3, 4] and pg.state == again.history[-2].state
 
 
 def test_playground_errors_from_every_button_are_messages() -> None:
@@ -219,7 +248,32 @@ def test_block_pool_playground_forks_and_copies_on_write() -> None:
     again = Playground.from_scenario(pg.scenario(), model="block-pool")
     assert again.state == state
     with pytest.raises(ScenarioError):
-        Playground.from_scenario(pg.scenario())  # a fork is not a prefix-cache op
+        Playground.from_scenario({k: v for k, v in pg.scenario().items() if k != "model"})  # fork: not prefix-cache
+
+
+def test_a_block_pool_scenario_says_it_cannot_go_through_the_replay_cli(tmp_path) -> None:
+    pg = Playground("block-pool", num_blocks=3, block_size=4)
+    pg.allocate("A", 6)
+    pg.fork("A", "B")
+    assert not pg.allocate("C", 40)  # refused: recorded
+    pg.append("B", 1)  # copy-on-write
+    scenario = pg.scenario()
+    assert scenario["model"] == "block-pool" and [op["op"] for op in scenario["ops"]] == [
+        "alloc", "fork", "alloc", "append"]
+    pg.export_button.click()
+    assert "block-pool" in pg.message.value and "Playground.from_scenario" in pg.message.value
+    assert json.loads(pg.scenario_box.value) == scenario
+    again = Playground.from_scenario(pg.to_json())  # the model comes from the scenario
+    assert again.model_name == "block-pool" and again.state == pg.state and again.refused.keys() == {2}
+    with pytest.raises(ScenarioError, match="block-pool"):
+        Playground.from_scenario(scenario, model="prefix-cache")
+    with pytest.raises(ScenarioError, match="block-pool"):
+        Playground(num_blocks=3, block_size=4).load(scenario)  # a prefix-cache playground says which model
+    path = tmp_path / "scenario.json"
+    path.write_text(pg.to_json())
+    from kvlab.replay import main
+
+    assert main(["prefix-cache", str(path)]) == 2  # the replay CLI refuses it, with a message, not a traceback
 
 
 def test_playground_rejects_bad_construction() -> None:

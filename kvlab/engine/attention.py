@@ -20,10 +20,10 @@ Implementations (``impl=``):
 
 * ``"reference"`` gathers each sequence into a dense tensor and runs plain
   attention in float64: slow, obviously right, the oracle the others are tested against.
-* ``"torch"`` walks the sequences a tile of whole blocks at a time with an
+* ``"torch"`` walks each sequence a tile of whole blocks at a time with an
   online softmax (running max, running sum, rescaled accumulator), so the
-  gathered sequence is never materialised; all sequences advance together and
-  finished ones drop out, which keeps it vectorised on a CPU.
+  gathered sequence is never materialised; within a tile all heads are one
+  batched matmul.
 * ``"triton"`` (decode only) a Triton kernel: one program per sequence and KV
   head (optionally split over the sequence), each K/V block read once for all
   the query heads that share it. See ``kvlab.engine.triton_paged``.
@@ -52,7 +52,10 @@ DECODE_IMPLS = ("auto", "reference", "torch", "triton")
 PREFILL_IMPLS = ("auto", "reference", "torch")
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 INT_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
-DEFAULT_TILE_TOKENS = 256  # tokens per step of the torch walk: big enough to amortise, small enough to stay in cache
+# one K tile of the torch walk: big enough to amortise Python's per-op cost, small enough for the
+# CPU cache (measured on a 2-core EPYC with benchmarks/paged_attention.py: 1 MiB, 128..512 tokens)
+TILE_BYTES = 1 << 20
+MIN_TILE_TOKENS, MAX_TILE_TOKENS = 128, 512
 
 
 @dataclass(frozen=True)
@@ -275,62 +278,69 @@ def _work_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def _torch_decode(
-    query, key_cache, value_cache, block_tables, seq_lens, scale, shape: PagedShape, tile_tokens=DEFAULT_TILE_TOKENS
+    query, key_cache, value_cache, block_tables, seq_lens, scale, shape: PagedShape, tile_tokens: int | None = None
 ):
-    """Online softmax over tiles of whole blocks, all sequences at once.
+    """Online softmax over tiles of whole blocks, one sequence at a time.
 
-    Sequences are sorted longest first, so at every step the sequences that
-    still have tokens are a prefix of the batch: a short sequence simply stops
-    taking part. Each step gathers one tile of blocks per sequence, scores it
-    per KV head with one batched matmul for all the query heads of the group,
-    and folds it into the running max ``m``, sum ``l`` and accumulator ``acc``.
+    For each sequence: gather one tile of its blocks into a small reused buffer
+    (it stays in the CPU cache), score it for all heads with one batched matmul
+    (each KV head's group of query heads against that head's keys, read in
+    place through strides), and fold it into the running max ``m``, sum ``l``
+    and accumulator ``acc``. Only one tile is ever gathered.
+
+    Why per sequence: a tile of one sequence, viewed ``[kv_heads, head_dim,
+    tokens]``, is a batch of matrices with one uniform stride, so the matmul
+    reads it without a copy; a tile of several sequences is not, and the copy
+    that torch would make costs more than the Python loop saves. Tile widths
+    are the tile size or a power of two of blocks, so a BLAS backend that
+    prepares a kernel per shape sees few shapes.
     """
     work = _work_dtype(query.dtype)
+    device = query.device
     bs, hkv, group, dim = shape.block_size, shape.num_kv_heads, shape.group, shape.head_dim
-    lens = seq_lens.to(torch.int64)
-    order = torch.argsort(lens, descending=True, stable=True)
-    lens_sorted = lens[order].tolist()
-    blocks_used = torch.tensor([-(-n // bs) for n in lens_sorted], device=query.device)
+    if tile_tokens is None:
+        per_token = hkv * dim * torch.finfo(work).bits // 8
+        tile_tokens = max(MIN_TILE_TOKENS, min(MAX_TILE_TOKENS, TILE_BYTES // per_token))
     tile_blocks = max(1, tile_tokens // bs)
-    width = tile_blocks * bs
-    # every tile has the same shape (the last one padded), so a BLAS backend that prepares
-    # a kernel per shape does it once; entries past a sequence's last block may be garbage:
-    # point them, and the padding, at block 0 -- the mask hides them
-    n_cols = -(-shape.max_blocks_per_seq // tile_blocks) * tile_blocks
-    cols = torch.arange(n_cols, device=query.device)
-    tables = torch.zeros((shape.num_seqs, n_cols), dtype=torch.int64, device=query.device)
-    tables[:, : shape.max_blocks_per_seq] = block_tables[order]
-    tables = torch.where(cols[None, :] < blocks_used[:, None], tables, 0)
-    q = (query[order].to(work) * scale).view(shape.num_seqs, hkv, group, dim)
-    q_heads = [q[:, h] for h in range(hkv)]
-    m = torch.full((shape.num_seqs, hkv, group, 1), float("-inf"), dtype=work, device=query.device)
-    l_sum = torch.zeros_like(m)
-    acc = torch.zeros((shape.num_seqs, hkv, group, dim), dtype=work, device=query.device)
-    active = shape.num_seqs
-    for first in range(0, -(-lens_sorted[0] // bs), tile_blocks):
-        start = first * bs
-        while lens_sorted[active - 1] <= start:
-            active -= 1
-        idx = tables[:active, first : first + tile_blocks].reshape(-1)
-        k = key_cache.index_select(0, idx).view(active, width, hkv, dim).to(work)
-        scores = torch.stack([torch.bmm(q_heads[h][:active], k[:, :, h].transpose(1, 2)) for h in range(hkv)], 1)
-        if lens_sorted[active - 1] < start + width:  # some sequence ends inside this tile
-            pos = torch.arange(start, start + width, device=query.device)
-            ends = lens[order][:active]
-            scores.masked_fill_((pos[None, :] >= ends[:, None])[:, None, None, :], float("-inf"))
-        m_old = m[:active]
-        m_new = torch.maximum(m_old, scores.amax(dim=-1, keepdim=True))
-        p = scores.sub_(m_new).exp_()
-        alpha = (m_old - m_new).exp_()
-        l_sum[:active] = l_sum[:active] * alpha + p.sum(dim=-1, keepdim=True)
-        v = value_cache.index_select(0, idx).view(active, width, hkv, dim).to(work)
-        pv = torch.stack([torch.bmm(p[:, h], v[:, :, h]) for h in range(hkv)], 1)
-        acc[:active] = acc[:active] * alpha + pv
-        m[:active] = m_new
-    out = (acc / l_sum).view(shape.num_seqs, shape.num_heads, dim)
-    result = torch.empty_like(query)
-    result[order] = out.to(query.dtype)
-    return result
+    lens = seq_lens.to(torch.int64).tolist()
+    tables = block_tables.to(torch.int64)
+    q_all = (query.to(work) * scale).view(shape.num_seqs, hkv, group, dim)
+    out = torch.empty((shape.num_seqs, hkv, group, dim), dtype=work, device=device)
+    buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    for s, n in enumerate(lens):
+        n_blocks = -(-n // bs)
+        width = tile_blocks if n_blocks >= tile_blocks else 1 << (n_blocks - 1).bit_length()
+        if width not in buffers:
+            size = (width, bs, hkv, dim)
+            buffers[width] = (key_cache.new_empty(size), value_cache.new_empty(size))
+        k_buf, v_buf = buffers[width]
+        # pad the table to whole tiles with the sequence's first block (always valid); the mask hides it
+        n_cols = -(-n_blocks // width) * width
+        row = tables[s, :n_blocks]
+        if n_cols > n_blocks:
+            row = torch.cat([row, row[:1].expand(n_cols - n_blocks)])
+        q = q_all[s]
+        m = torch.full((hkv, group, 1), float("-inf"), dtype=work, device=device)
+        l_sum = torch.zeros_like(m)
+        acc = torch.zeros((hkv, group, dim), dtype=work, device=device)
+        for first in range(0, n_blocks, width):
+            ids = row[first : first + width]
+            torch.index_select(key_cache, 0, ids, out=k_buf)
+            k = k_buf.view(width * bs, hkv, dim).to(work)
+            scores = torch.matmul(q, k.permute(1, 2, 0))  # [hkv, group, tokens]
+            valid = n - first * bs
+            if valid < width * bs:
+                scores[..., valid:] = float("-inf")
+            m_new = torch.maximum(m, scores.amax(dim=-1, keepdim=True))
+            p = scores.sub_(m_new).exp_()
+            alpha = torch.sub(m, m_new).exp_()  # rescales what earlier tiles summed (0 before the first)
+            l_sum.mul_(alpha).add_(p.sum(dim=-1, keepdim=True))
+            torch.index_select(value_cache, 0, ids, out=v_buf)
+            v = v_buf.view(width * bs, hkv, dim).to(work)
+            acc.mul_(alpha).baddbmm_(p, v.transpose(0, 1))  # [hkv, group, dim]
+            m = m_new
+        out[s] = acc / l_sum
+    return out.view(shape.num_seqs, shape.num_heads, dim).to(query.dtype)
 
 
 # ---------------------------------------------------------------------------- prefill

@@ -30,7 +30,9 @@ def _torch() -> Any:
     try:
         import torch
     except ImportError:
-        raise NotYet("This exercise needs torch: pip install 'kvlab[engine]', then restart the kernel.") from None
+        raise NotYet(
+            "This exercise needs torch: pip install 'kvlab[engine]', then restart the kernel."
+        ) from None
     return torch
 
 
@@ -63,13 +65,17 @@ def row_read(answer: int) -> str:
             f"block {physical}, row {physical} × {BLOCK} + {offset} = {expected} of the flat pool."
         )
     if answer == POSITION:
-        raise NotYet("That is the token's position in its sequence; in the pool it lives where its block table says.")
+        raise NotYet(
+            "That is the token's position in its sequence; in the pool it lives where its block table says."
+        )
     if answer == physical:
         raise NotYet("That is the physical block; the row also counts the offset inside the block.")
     if answer == physical * BLOCK:
         raise NotYet("That is the first row of the right block; add the token's offset inside the block.")
     if answer in {b * BLOCK + offset for b in TABLE}:
-        raise NotYet("Right offset, wrong block: which entry of the block table holds the token's logical block?")
+        raise NotYet(
+            "Right offset, wrong block: which entry of the block table holds the token's logical block?"
+        )
     raise NotYet(f"Row {answer} holds another token's key.")
 
 
@@ -103,13 +109,17 @@ def kv_bytes(answer: int) -> str:
     if answer == SEQ_TOKENS * per_token:
         raise NotYet("That is the exact size of 1,000 tokens; the pool hands out whole 16-token blocks.")
     if answer * 2 == expected:
-        raise NotYet("Half of it: count both the key and the value of each token (or all 4 bytes of a float32).")
+        raise NotYet(
+            "Half of it: count both the key and the value of each token (or all 4 bytes of a float32)."
+        )
     if answer * config.num_layers == expected:
         raise NotYet("That is one layer's share; every layer keeps its own keys and values.")
     if answer * config.num_kv_heads == expected:
         raise NotYet("That is one KV head's share; the model has 2 KV heads per layer.")
     if answer == expected * config.num_heads // config.num_kv_heads:
-        raise NotYet("The cache keeps the 2 KV heads, not the 8 query heads: that is what grouped-query attention saves.")
+        raise NotYet(
+            "The cache keeps the 2 KV heads, not the 8 query heads: that is what grouped-query attention saves."
+        )
     raise NotYet(f"{answer:,} bytes is not what a KV pool holding this sequence's blocks takes.")
 
 
@@ -125,7 +135,7 @@ def _merge_cases(torch: Any) -> list[tuple[str, tuple[Any, ...], Any]]:
 
     cases = []
     for name, lens, block, heads, kv_heads, q_scale, seed in (
-        ("3 sequences, 16-token blocks, 8 query / 2 KV heads", [20, 45, 130], 16, 8, 2, 1.0, 0),
+        ("3 sequences, 16-token blocks, 8 query / 2 KV heads", [20, 45, 129], 16, 8, 2, 1.0, 0),
         ("2 sequences, 4-token blocks, 4 query / 4 KV heads", [9, 33], 4, 4, 4, 1.0, 1),
         ("large scores (each log-sum-exp near 10^3)", [40, 70], 16, 4, 2, 300.0, 2),
     ):
@@ -143,7 +153,10 @@ def _merge_cases(torch: Any) -> list[tuple[str, tuple[Any, ...], Any]]:
             start += b
         cut = [(b + 1) // 2 for b in blocks]  # part a: the first half of the blocks, part b: the rest
         part_a = ([r[:c] for r, c in zip(rows, cut, strict=True)], [c * block for c in cut])
-        part_b = ([r[c:] for r, c in zip(rows, cut, strict=True)], [n - c * block for n, c in zip(lens, cut, strict=True)])
+        part_b = (
+            [r[c:] for r, c in zip(rows, cut, strict=True)],
+            [n - c * block for n, c in zip(lens, cut, strict=True)],
+        )
         parts = []
         for tables, part_lens in (part_a, part_b):
             width = max(len(t) for t in tables)
@@ -163,7 +176,9 @@ def _merge_cases(torch: Any) -> list[tuple[str, tuple[Any, ...], Any]]:
             ])  # fmt: skip
             parts += [out, lse]
         full_tables = torch.tensor([r + [0] * (max(blocks) - len(r)) for r in rows], dtype=torch.int32)
-        full = paged_attention(query, kc, vc, full_tables, torch.tensor(lens, dtype=torch.int32), impl="reference")
+        full = paged_attention(
+            query, kc, vc, full_tables, torch.tensor(lens, dtype=torch.int32), impl="reference"
+        )
         cases.append((name, tuple(parts), full))
     return cases
 
@@ -186,7 +201,9 @@ def merge_partials(answer: Any) -> str:
     for name, (out_a, lse_a, out_b, lse_b), full in _merge_cases(torch):
         got = call(answer, out_a.clone(), lse_a.clone(), out_b.clone(), lse_b.clone())
         if isinstance(got, tuple):
-            raise NotYet("Return only the merged output tensor, [num_seqs, num_heads, head_dim], not a tuple.")
+            raise NotYet(
+                "Return only the merged output tensor, [num_seqs, num_heads, head_dim], not a tuple."
+            )
         if not isinstance(got, torch.Tensor):
             raise NotYet(f"Return a torch tensor like out_a; got {type(got).__name__}.")
         if tuple(got.shape) != tuple(full.shape):
@@ -233,7 +250,10 @@ def _chat_counters(cache: str) -> list[Any]:
     torch.set_num_threads(1)  # tiny tensors: threads only add overhead
     try:
         engine = Engine(
-            cache=cache, block_size=CHAT_BLOCK, max_model_len=context_needed(TURNS, MAX_TOKENS, 0), config=small
+            cache=cache,
+            block_size=CHAT_BLOCK,
+            max_model_len=context_needed(TURNS, MAX_TOKENS, 0),
+            config=small,
         )
         return run_chat(engine, turns=TURNS, max_tokens=MAX_TOKENS)
     finally:
@@ -266,7 +286,9 @@ def next_turn(answer: list[Any]) -> str:
         )
     s, b = answer
     if s == fourth.prompt_tokens + MAX_TOKENS:
-        raise NotYet("Slot mode: the last sampled token was never fed back through the model, so it has no KV.")
+        raise NotYet(
+            "Slot mode: the last sampled token was never fed back through the model, so it has no KV."
+        )
     if s == fourth.prompt_tokens:
         raise NotYet("Slot mode: the reply tokens the model read back while decoding are in the slot too.")
     if s != expected[0]:
@@ -274,7 +296,9 @@ def next_turn(answer: list[Any]) -> str:
     if b == expected[0]:
         raise NotYet("Blocks mode reuses whole blocks only; the partial last block is never hashed.")
     if b == fourth.prompt_tokens // CHAT_BLOCK * CHAT_BLOCK:
-        raise NotYet("Blocks mode: the reply's tokens fill blocks too, and a block is cached as soon as it is full.")
+        raise NotYet(
+            "Blocks mode: the reply's tokens fill blocks too, and a block is cached as soon as it is full."
+        )
     if b % CHAT_BLOCK:
         raise NotYet("Blocks mode: a hit is always a whole number of blocks, a multiple of 16.")
     raise NotYet(f"Blocks mode: {b} tokens is not the run of full cached blocks turn 5's prompt starts with.")

@@ -59,8 +59,26 @@ def check_title(title: object) -> str | None:
     return title
 
 
-HEAD_WIDTH = 88  # characters of a bold 16 px title that fit a ~950 px wide figure
-SUB_WIDTH = 135  # characters of the 12 px subtitle
+#: The narrowest figure the views are laid out for, in px: a notebook column beside a side panel, or
+#: plotly's default 700 px less some room. Titles wrap, labels fit and legends have room at this width.
+NARROWEST = 600
+HEAD_WIDTH = 62  # characters of a bold 16 px title that fit a 600 px wide figure
+SUB_WIDTH = 92  # characters of the 12 px subtitle
+
+# Advance widths of DejaVu Sans (the views' font) for printable ASCII, in thousandths of the font size,
+# so that labels can be fitted to their cells before a browser draws them.
+_ASCII = "".join(chr(i) for i in range(32, 127))
+_WIDTHS = (318, 401, 460, 838, 636, 950, 780, 275, 390, 390, 500, 838, 318, 361, 318, 337, *[636] * 10, 337, 337,
+           838, 838, 838, 531, 1000, 684, 686, 698, 770, 632, 575, 775, 752, 295, 295, 656, 557, 863, 748, 787,
+           603, 787, 695, 635, 611, 732, 684, 989, 685, 611, 685, 390, 337, 390, 838, 500, 500, 613, 635, 550,
+           635, 615, 352, 635, 634, 278, 278, 579, 278, 974, 634, 612, 635, 635, 411, 521, 392, 634, 592, 818,
+           592, 592, 525, 636, 337, 636, 838)  # fmt: skip
+_EM = dict(zip(_ASCII, _WIDTHS, strict=True)) | {"…": 1000, "×": 838, "·": 318, "→": 838, "–": 500}
+
+
+def text_px(text: str, font_px: float = 10) -> float:
+    """How wide ``text`` (one line, no markup) is in DejaVu Sans of ``font_px``; bold is about 10% wider."""
+    return sum(_EM.get(ch, 700) for ch in text) * font_px / 1000
 
 
 def wrap(text: str, width: int) -> str:
@@ -106,6 +124,71 @@ def base_layout(title: dict[str, Any], **extra: Any) -> dict[str, Any]:
     if height:  # pin the title a few pixels below the top edge, whatever the height
         layout["title"]["y"] = 1 - 10 / height
     return layout
+
+
+def fit_label(text: str, room_px: float, font_px: float = 10) -> str:
+    """``text`` in at most two lines no wider than ``room_px``, for a cell whose hover text says it in full.
+
+    A short text stays as it is; a longer one breaks at a space, as late as
+    both lines allow ("sample 0" becomes "sample" over "0"; "copy of 2" may
+    become "copy" over "of 2"), keeping the end that tells two requests
+    apart; only what still does not fit is cut, with an ellipsis.
+    """
+    def fits(part: str) -> bool:
+        return text_px(part, font_px) <= room_px
+
+    if room_px <= 0:
+        return ""
+    if fits(text):
+        return text
+    words = text.split(" ")
+    for k in range(len(words) - 1, 0, -1):
+        head, tail = " ".join(words[:k]), " ".join(words[k:])
+        if fits(head) and fits(tail):
+            return f"{head}<br>{tail}"
+    if len(words) > 1 and fits(words[-1]):
+        return f"{cut_to(' '.join(words[:-1]), room_px, font_px)}<br>{words[-1]}"
+    return cut_to(text, room_px, font_px)
+
+
+def cut_to(text: str, room_px: float, font_px: float = 10) -> str:
+    """``text``, or as much of it as fits in ``room_px`` followed by an ellipsis."""
+    if text_px(text, font_px) <= room_px:
+        return text
+    while text and text_px(text + "…", font_px) > room_px:
+        text = text[:-1]
+    return text + "…" if text else ""
+
+
+def legend_height(data: Sequence[Mapping[str, Any]], *, left: float, width: int = NARROWEST,
+                  font_px: int = 11, traceorder: str | None = None) -> int:
+    """Pixels a horizontal legend of ``data``'s legend entries takes in a ``width`` px figure.
+
+    plotly wraps a horizontal legend into as many rows as the width needs:
+    entries flow from row to row when they are grouped (every view's marks
+    are), and line up in columns as wide as the widest entry otherwise
+    (``traceorder="normal"``). The views reserve this much room under the
+    plot at the narrowest width, so that the legend never runs into what
+    lies below it (an axis title, an animation's controls).
+    """
+    shown = [t for t in data if t.get("showlegend", t.get("type", "scatter") in ("scatter", "bar"))]
+    if not shown:
+        return 0
+    room = max(width - left - 20, 100)
+    entries = [46 + text_px(str(t.get("name", "")), font_px) for t in shown]
+    grouped = traceorder != "normal" and any(t.get("legendgroup") for t in shown)
+    if sum(entries) <= room:
+        rows = 1
+    elif grouped:  # entries flow: a new row when the next one does not fit
+        rows, used = 1, 0.0
+        for entry in entries:
+            if used and used + entry > room:
+                rows, used = rows + 1, 0.0
+            used += entry
+    else:  # columns as wide as the widest entry
+        per_row = max(1, int(room // max(entries)))
+        rows = -(-len(entries) // per_row)
+    return int(rows * (font_px + 8) + 14)
 
 
 def legend_entry(name: str, color: str, *, symbol: str = "square", group: str | None = None,

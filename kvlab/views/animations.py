@@ -15,11 +15,16 @@ from typing import Any
 import plotly.graph_objects as go
 
 from kvlab.errors import InvalidArgumentError, check_int
-from kvlab.views._common import Spec, check_title, steps_of, title_lines
+from kvlab.views._common import Spec, check_title, legend_height, steps_of, title_lines
 from kvlab.views.figures import VIEW_SPECS, view_hints
 
 DEFAULT_FRAME_MS = 900
-_CONTROLS_PX = 80  # room under the legend for the slider and the buttons
+# The controls sit under the legend, each on its own row: the play/pause buttons, then the slider (its
+# "step N" readout, the rail, the step numbers). Rows, not side by side, so that they cannot overlap at
+# any width: plotly places them at fractions of the plot's width, and buttons have a fixed size.
+_BUTTONS_PX = 38
+_SLIDER_PX = 78
+_CONTROLS_PX = _BUTTONS_PX + _SLIDER_PX
 
 
 def step_caption(index: int, count: int, caption: str) -> str:
@@ -61,8 +66,19 @@ def animate(specs: list[Spec], captions: list[str], *, frame_ms: int = DEFAULT_F
     bottom = max(m.get("b", 80) for m in margins)
     plot_h = max(s["layout"].get("height", 450) - m.get("t", 80) - m.get("b", 80) for s, m in zip(specs, margins,
                                                                                                  strict=True))
-    height = plot_h + top + bottom + _CONTROLS_PX
-    layout.update(height=height, margin=dict(layout.get("margin", {}), t=top, b=bottom + _CONTROLS_PX))
+    # the controls start under the legend, as wrapped at the narrowest width, or under the bottom margin
+    legend = layout.get("legend") or {}
+    left = float(layout.get("margin", {}).get("l", 80))
+    legend_px = legend_height(first["data"], left=left, font_px=int(legend.get("font", {}).get("size", 13)),
+                              traceorder=legend.get("traceorder"))  # fmt: skip
+    while True:
+        legend_top = -float(legend.get("y", 0)) * plot_h if legend.get("yanchor") == "top" else 0.0
+        controls_top = max(bottom, int(legend_top + legend_px + 8)) if layout.get("showlegend", True) else bottom
+        if controls_top + _BUTTONS_PX <= 2 * plot_h:
+            break
+        plot_h = (controls_top + _BUTTONS_PX) // 2 + 1  # plotly places controls at most 2 plot heights below
+    height = plot_h + top + controls_top + _CONTROLS_PX
+    layout.update(height=height, margin=dict(layout.get("margin", {}), t=top, b=controls_top + _CONTROLS_PX))
     if "title" in layout:
         layout["title"] = dict(layout["title"], y=1 - 10 / height)
     # layout keys that differ between frames travel with every frame
@@ -74,11 +90,13 @@ def animate(specs: list[Spec], captions: list[str], *, frame_ms: int = DEFAULT_F
         if "title" in frame_layout:
             frame_layout["title"] = dict(frame_layout["title"], y=layout["title"]["y"])
         frames.append({"name": str(i), "data": spec["data"], "layout": frame_layout})
-    controls_y = -(bottom - 6) / plot_h
+    buttons_y = -controls_top / plot_h
+    slider_y = -(controls_top + _BUTTONS_PX) / plot_h
     step_args = {"mode": "immediate", "frame": {"duration": 0, "redraw": True}, "transition": {"duration": 0}}
     layout["sliders"] = [{
-        "active": 0, "x": 0.2, "len": 0.8, "y": controls_y, "yanchor": "top", "pad": {"t": 0, "b": 0},
-        "currentvalue": {"prefix": "step ", "visible": True, "font": {"size": 12}},
+        "active": 0, "x": 0, "len": 1, "xanchor": "left", "y": slider_y, "yanchor": "top",
+        "pad": {"t": 0, "b": 0, "l": 0, "r": 0},
+        "currentvalue": {"prefix": "step ", "visible": True, "font": {"size": 12}, "xanchor": "left"},
         "steps": [{"label": str(i), "method": "animate", "args": [[str(i)], step_args]} for i in range(len(specs))],
     }]  # fmt: skip
     play = {"frame": {"duration": frame_ms, "redraw": True}, "fromcurrent": True, "transition": {"duration": 0},
@@ -86,7 +104,7 @@ def animate(specs: list[Spec], captions: list[str], *, frame_ms: int = DEFAULT_F
     pause = {"frame": {"duration": 0, "redraw": False}, "mode": "immediate", "transition": {"duration": 0}}
     layout["updatemenus"] = [{
         "type": "buttons", "direction": "left", "showactive": False, "x": 0, "xanchor": "left",
-        "y": controls_y - 0.01, "yanchor": "top", "pad": {"t": 18, "r": 4},
+        "y": buttons_y, "yanchor": "top", "pad": {"t": 0, "r": 0, "l": 0, "b": 0},
         "buttons": [{"label": "▶ play", "method": "animate", "args": [None, play]},
                     {"label": "❚❚ pause", "method": "animate", "args": [[None], pause]}],
     }]  # fmt: skip

@@ -31,17 +31,23 @@ from kvlab.views._common import (
     check_state,
     check_title,
     cross_path,
+    cut_to,
     discrete_colorscale,
     field,
+    fit_label,
     legend_entry,
+    legend_height,
     line_trace,
     rect_path,
+    text_px,
     title_text,
     tokens_text,
     top_margin,
 )
 
 STATUS_CODE = {status: i for i, status in enumerate(theme.STATUSES)}
+#: The figure width, in px, that cell and bar labels are fitted for: plotly's default 700 px, less a little.
+LABEL_WIDTH = 650
 _STATUS_SCALE = discrete_colorscale([theme.STATUS_COLORS[s] for s in theme.STATUSES])
 _DARK_STATUSES = {"in use", "null"}
 
@@ -150,23 +156,28 @@ def contiguous_spec(state: ContiguousState, previous: ContiguousState | None = N
     head = caption or title or "Contiguous KV pool"
     ttl = title_text(head, sub)
     top = top_margin(ttl, False, head_lines, sub_lines)
+    plot_h, legend_top = 110, 58  # the legend sits under the slot axis and its title
+    bottom = legend_top + legend_height(data, left=30, font_px=13) + 8
     layout = base_layout(
         ttl,
-        barmode="overlay", height=110 + top + 95, showlegend=True,
-        legend={"orientation": "h", "y": -0.5, "x": 0, "yanchor": "top"},
+        barmode="overlay", height=plot_h + top + bottom, showlegend=True,
+        legend={"orientation": "h", "y": -legend_top / plot_h, "x": 0, "yanchor": "top"},
         xaxis={"range": [0, pool], "title": {"text": "slot", "standoff": 2}, "showgrid": False, "zeroline": False},
         yaxis={"visible": False, "range": [-0.6, 0.6], "fixedrange": True},
-        margin={"l": 30, "r": 30, "t": top, "b": 95},
+        margin={"l": 30, "r": 30, "t": top, "b": bottom},
     )  # fmt: skip
     return {"data": data, "layout": layout}
 
 
 def _fit_label(full: str, size: int, pool: int, *, short: str) -> str:
-    """The full label where the bar is wide enough, a short one where it is narrow, nothing below that."""
-    share = size / pool if pool else 0
-    if share >= 0.07:
+    """The full label where the bar is wide enough for it, a short one where only that fits, else nothing.
+
+    Widths are judged in a figure ``LABEL_WIDTH`` px wide (11 px text).
+    """
+    room = (size / pool if pool else 0) * (LABEL_WIDTH - 60) - 6
+    if max(text_px(line, 11) for line in full.split("<br>")) <= room:
         return full
-    if share >= 0.025:
+    if text_px(short, 11) <= room:
         return short
     return ""
 
@@ -180,14 +191,31 @@ def contiguous_figure(state: ContiguousState, *, title: str | None = None) -> go
 
 
 def grid_shape(num_blocks: int) -> tuple[int, int]:
-    """(columns, rows) of the block grid: one row up to 16 blocks, then 16 or 32 columns."""
-    if num_blocks <= 16:
+    """(columns, rows) of the block grid: one row up to 12 blocks, then rows of 8, 16 or 32.
+
+    Up to 64 blocks the rows hold 8, so that each cell is wide enough to name
+    its owner at the default figure width.
+    """
+    if num_blocks <= 12:
         cols = max(num_blocks, 1)
+    elif num_blocks <= 64:
+        cols = 8
     elif num_blocks <= 256:
         cols = 16
     else:
         cols = 32
     return cols, max(1, math.ceil(num_blocks / cols))
+
+
+def table_label(request_id: str, num_tokens: int) -> str:
+    """A block table's row label: the request and how many tokens it holds, in two lines when long."""
+    one = f"{request_id} · {num_tokens} tok"
+    return one if len(one) <= 14 else f"{request_id}<br>{num_tokens} tok"
+
+
+def _left_margin(label_px: float, rows: int) -> int:
+    """Room left of the grid and the tables for the table labels (11 px) and the row starts."""
+    return max(int(label_px) + 16, 50 if rows > 1 else 36)
 
 
 def _owners(state: BlockPoolState) -> dict[int, list[tuple[str, int]]]:
@@ -198,19 +226,28 @@ def _owners(state: BlockPoolState) -> dict[int, list[tuple[str, int]]]:
     return owners
 
 
-def _block_label(block: BlockState, owners: list[tuple[str, int]], detail: int) -> str:
-    """The block id, and below it (up to ``detail`` characters) its owner, ref count or hash."""
+def _block_label(block: BlockState, owners: list[tuple[str, int]], room: int) -> str:
+    """The block id, and below it (in lines ``room`` px wide) its owner, ref count or hash.
+
+    An owner's name is kept whole where it fits and broken before its last
+    word where it does not ("sample 0" over two lines), never turned into
+    initials; a block several tables hold shows its ref count instead.
+    """
     head = str(block.block_id)
-    if detail < 2:
+    if room < 18:
         return head
     status = block.status
     if status == "null":
         extra = "null"
     elif status == "in use":
         names = sorted({rid for rid, _ in owners})
-        extra = _abbrev(names[0], detail) if len(names) == 1 and block.ref_count == 1 else f"×{block.ref_count}"
+        if len(names) == 1 and block.ref_count == 1:
+            extra = fit_label(names[0], room)
+        else:
+            extra = f"ref {block.ref_count}"
+            extra = extra if text_px(extra) <= room else f"×{block.ref_count}"
     elif status == "free, cached":
-        extra = _short(block.block_hash or "", min(detail, 8))
+        extra = cut_to((block.block_hash or "")[:8], room)
     else:
         extra = ""
     return f"<b>{head}</b><br>{extra}" if extra else f"<b>{head}</b>"
@@ -220,20 +257,13 @@ def _short(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
-def _abbrev(name: str, n: int) -> str:
-    """A request id in at most ``n`` characters: "request 2" becomes "r2", other long ids are cut."""
-    if len(name) <= n:
-        return name
-    words = name.split()
-    if len(words) > 1:
-        short = "".join(w[0] for w in words[:-1]) + words[-1]
-        if len(short) <= n:
-            return short
-    return _short(name, n)
+def label_room(cell_px: float) -> int:
+    """How many px of a 10 px label fit across a cell ``cell_px`` wide, with a little padding."""
+    return max(int(cell_px - 6), 0)
 
 
 @lru_cache(maxsize=16384)
-def _block_cell(block: BlockState, owners: tuple[tuple[str, int], ...], bs: int, detail: int) -> tuple[int, str, str]:
+def _block_cell(block: BlockState, owners: tuple[tuple[str, int], ...], bs: int, room: int) -> tuple[int, str, str]:
     """(status code, label, hover text without the queue position) of one block; memoised, since
     consecutive snapshots share almost all their blocks and this is a stepper's main cost."""
     lines = [f"<b>block {block.block_id}</b> · {block.status}", theme.STATUS_MEANING[block.status]]
@@ -247,7 +277,7 @@ def _block_cell(block: BlockState, owners: tuple[tuple[str, int], ...], bs: int,
     if block.block_hash is not None:
         lines.append(f"cached under hash {block.block_hash}")
     lines.append(f"slots {block.block_id * bs}–{block.block_id * bs + bs - 1}")
-    return STATUS_CODE[block.status], _block_label(block, list(owners), detail), "<br>".join(lines)
+    return STATUS_CODE[block.status], _block_label(block, list(owners), room), "<br>".join(lines)
 
 
 def _block_hover(block: BlockState, state: BlockPoolState, owners: list[tuple[str, int]],
@@ -292,17 +322,22 @@ def _check_highlight(state: BlockPoolState, highlight: object) -> tuple[str, int
 def block_pool_spec(state: BlockPoolState, previous: BlockPoolState | None = None, *,
                     highlight: tuple[str, int] | None = None, title: str | None = None,
                     caption: str | None = None, strict: bool = True, table_rows: int = 0,
-                    table_cols: int = 0, legend_marks: Collection[str] | None = None, head_lines: int = 0,
-                    sub_lines: int = 0) -> Spec:
-    """The physical blocks as a grid coloured by status, and the block tables beside it.
+                    table_cols: int = 0, label_px: float = 0, legend_marks: Collection[str] | None = None,
+                    head_lines: int = 0, sub_lines: int = 0) -> Spec:
+    """The physical blocks as a grid coloured by status, and the block tables under it.
 
     ``highlight=(request_id, position)`` outlines that token's logical block in
     its table and its physical block in the grid, and marks its slot inside the
     block. ``strict=False`` (used by animations) skips a highlight the snapshot
     cannot show instead of raising. ``table_rows``/``table_cols`` reserve room
-    for that many block tables and logical blocks, so that every frame of an
-    animation has the same axes. ``legend_marks`` lists the marks the legend
-    explains (default: those this snapshot shows).
+    for that many block tables and logical blocks, and ``label_px`` for
+    table labels that wide, so that every frame of an animation has the same
+    axes. ``legend_marks`` lists the marks the legend explains (default: those
+    this snapshot shows).
+
+    The grid spans the figure's width, with the tables under it on the same
+    cell width, so that each cell is wide enough for its label; cell labels
+    are fitted for a figure ``LABEL_WIDTH`` px wide.
     """
     check_state("state", state, BlockPoolState)
     shown = set(block_pool_marks(state) if legend_marks is None else legend_marks)
@@ -317,10 +352,13 @@ def block_pool_spec(state: BlockPoolState, previous: BlockPoolState | None = Non
     cols, rows = grid_shape(n)
     tcols = max(max((len(t) for _, t in state.tables), default=0), table_cols, 1)
     trows = max(len(state.tables), table_rows, 1)
-    split = 0.55 if tcols <= 12 else 0.45
-    # how many characters fit under a block's id: about 6.5 px a character, figures ~1000 px wide
-    detail = int(split * 940 / cols / 6.5) if cols <= 16 else 0
+    seq_len = dict(state.seq_lens)
+    table_labels = [table_label(rid, seq_len.get(rid, 0)) for rid, _ in state.tables]
+    widest = max((text_px(line, 11) for label in table_labels for line in label.split("<br>")), default=0)
+    left = _left_margin(max(widest, label_px), rows)
+    # how much of a 10 px label fits across a cell, in a figure LABEL_WIDTH px wide
     show_text = cols <= 16
+    detail = label_room((LABEL_WIDTH - left - 20) / cols) if show_text else 0
     owners = _owners(state)
     queue_pos = {b: i for i, b in enumerate(state.free_queue)}
     z: list[list[int | None]] = [[None] * cols for _ in range(rows)]
@@ -342,7 +380,6 @@ def block_pool_spec(state: BlockPoolState, previous: BlockPoolState | None = Non
         return c, r
 
     # block tables: one row per request, one column per logical block
-    seq_len = dict(state.seq_lens)
     tz: list[list[int | None]] = [[None] * tcols for _ in range(trows)]
     ttext: list[list[str]] = [[""] * tcols for _ in range(trows)]
     thover: list[list[str | None]] = [[None] * tcols for _ in range(trows)]
@@ -358,11 +395,10 @@ def block_pool_spec(state: BlockPoolState, previous: BlockPoolState | None = Non
             ttext[row][logical] = str(b) if table_text else ""
             thover[row][logical] = _table_cell(rid, logical, b, k, bs, block.ref_count if block else None)
             where_in_tables.setdefault(b, []).append((logical, row))
-    table_labels = [f"{rid} · {seq_len.get(rid, 0)} tok" for rid, _ in state.tables]
     table_labels += [""] * (trows - len(table_labels))
 
     data: list[dict[str, Any]] = [
-        _heatmap(z, text, hover, xaxis="x", yaxis="y", name="blocks", font_size=11 if cols <= 8 else 10),
+        _heatmap(z, text, hover, xaxis="x", yaxis="y", name="blocks", font_size=10),
         _heatmap(tz, ttext, thover, xaxis="x2", yaxis="y2", name="block tables", font_size=11,
                  y=list(range(trows)), gap=2 if tcols <= 40 else 0),
     ]  # fmt: skip
@@ -421,48 +457,52 @@ def block_pool_spec(state: BlockPoolState, previous: BlockPoolState | None = Non
         sub += "<br>" + hl_text
     head = caption or title or "Block pool"
 
-    cell_px = 44 if cols <= 8 else (36 if cols <= 16 else 18)
-    plot_h = max(rows * cell_px, trows * 32, 90)
+    # heights in px: the grid, a gap for the tables' axis, the tables; the legend under them
+    cell_px = 52 if show_text else 18  # room for the id and a two-line owner
+    grid_h, gap_h, tables_h = rows * cell_px, 58, trows * 34
+    plot_h = grid_h + gap_h + tables_h
+    xcols = max(cols, tcols)  # the tables use the grid's cell width unless they are longer than a grid row
     ticks_every = 1 if tcols <= 24 else math.ceil(tcols / 12)
+    grid_ticks = list(range(0, cols, 1 if cols <= 16 else 4))
     ttl = title_text(head, sub)
     top = top_margin(ttl, True, head_lines, sub_lines)
+    bottom = legend_height(data, left=left) + 16
     layout = base_layout(
         ttl,
-        height=plot_h + top + 85,
-        margin={"l": 60, "r": 20, "t": top, "b": 85},
+        height=plot_h + top + bottom,
+        margin={"l": left, "r": 20, "t": top, "b": bottom},
         showlegend=True,
-        legend={"orientation": "h", "y": -0.04, "x": 0, "yanchor": "top", "font": {"size": 11},
-                "traceorder": "normal"},
-        xaxis={"domain": [0, split], "range": [-0.5, cols - 0.5], "showgrid": False, "zeroline": False,
-               "tickmode": "array", "tickvals": list(range(0, cols, 1 if cols <= 16 else 4)),
-               "ticktext": [f"+{c}" if rows > 1 else str(c) for c in range(0, cols, 1 if cols <= 16 else 4)],
-               "tickangle": 0,
+        legend={"orientation": "h", "y": -6 / plot_h, "x": 0, "yanchor": "top", "font": {"size": 11}},
+        xaxis={"domain": [0, 1], "range": [-0.5, cols - 0.5], "showgrid": False, "zeroline": False,
+               "tickmode": "array", "tickvals": grid_ticks,
+               "ticktext": [f"+{c}" if rows > 1 else str(c) for c in grid_ticks], "tickangle": 0,
                "side": "top", "fixedrange": True, "tickfont": {"size": 10},
                "title": {"text": "physical blocks" + (" (id = row start + column)" if rows > 1 else ""),
                          "standoff": 4, "font": {"size": 12}}},
-        yaxis={"domain": [max(0.0, 1 - rows * cell_px / plot_h), 1], "range": [rows - 0.5, -0.5],
+        yaxis={"domain": [1 - grid_h / plot_h, 1], "range": [rows - 0.5, -0.5],
                "showgrid": False, "zeroline": False, "tickmode": "array",
                "tickvals": list(range(rows)), "ticktext": [str(r * cols) for r in range(rows)],
                "visible": rows > 1, "fixedrange": True, "tickfont": {"size": 10}},
-        xaxis2={"domain": [split + 0.14, 1], "range": [-0.5, tcols - 0.5], "showgrid": False, "zeroline": False,
+        xaxis2={"domain": [0, 1], "range": [-0.5, xcols - 0.5], "showgrid": False, "zeroline": False,
                 "tickmode": "array", "tickvals": list(range(0, tcols, ticks_every)),
                 "ticktext": [f"L{i}" for i in range(0, tcols, ticks_every)], "side": "top", "fixedrange": True,
                 "anchor": "y2", "tickfont": {"size": 10},
-                "title": {"text": "block tables: logical → physical", "standoff": 4, "font": {"size": 12}}},
-        yaxis2={"domain": [max(0.0, 1 - trows * 32 / plot_h), 1],
+                "title": {"text": "block tables: logical block → physical block", "standoff": 4,
+                          "font": {"size": 12}}},
+        yaxis2={"domain": [0, tables_h / plot_h],
                 "range": [trows - 0.5, -0.5], "showgrid": False, "zeroline": False, "tickmode": "array",
                 "tickvals": list(range(trows)), "ticktext": table_labels, "anchor": "x2", "fixedrange": True,
                 "tickfont": {"size": 11}},
         # always one annotation, empty when there are tables, so every frame has the same layout keys
         annotations=[{"text": "" if state.tables else "no block tables", "xref": "x2", "yref": "y2",
-                      "x": (tcols - 1) / 2, "y": 0, "showarrow": False, "font": {"color": theme.GREY}}],
+                      "x": (min(xcols, 8) - 1) / 2, "y": 0, "showarrow": False, "font": {"color": theme.GREY}}],
     )  # fmt: skip
     return {"data": data, "layout": layout}
 
 
 def block_pool_figure(state: BlockPoolState, highlight: tuple[str, int] | None = None, *,
                       title: str | None = None) -> go.Figure:
-    """Examples 2-5 and 7: blocks coloured by status beside the block tables that point into them.
+    """Examples 2-5 and 7: blocks coloured by status, above the block tables that point into them.
 
     ``highlight=("A", 36)`` shows where token 36 of request A lives: logical
     block, offset, physical block and slot (example 2's translation).
@@ -489,11 +529,13 @@ def free_queue_spec(state: BlockPoolState, previous: BlockPoolState | None = Non
         check_state("previous", previous, BlockPoolState)
     shown = set(free_queue_marks(state, previous) if legend_marks is None else legend_marks)
     usable = max(1, state.num_blocks - (1 if state.null_block is not None else 0))
-    cols = min(usable, 32)
+    cols = min(usable, 16 if usable <= 64 else 32)
     qrows = max(1, math.ceil(usable / cols))
     rows = qrows + 1  # row 0: blocks that left the queue in this op
-    detail = cols <= 16
-    show_text = cols <= 32
+    cell_w = (LABEL_WIDTH - 140) / cols  # the cell width in a figure LABEL_WIDTH px wide
+    room = label_room(cell_w)
+    detail = cols <= 16 and room >= 18
+    show_text = cell_w >= 7 * len(str(state.num_blocks - 1)) + 4
     owners = _owners(state)
     queue_pos = {b: i for i, b in enumerate(state.free_queue)}
     z: list[list[int | None]] = [[None] * cols for _ in range(rows)]
@@ -506,7 +548,7 @@ def free_queue_spec(state: BlockPoolState, previous: BlockPoolState | None = Non
             return ""
         if not detail:
             return str(block.block_id)
-        tag = extra or (_short(block.block_hash, 8) if block.block_hash else "")
+        tag = fit_label(extra, room) if extra else cut_to((block.block_hash or "")[:8], room)
         return f"<b>{block.block_id}</b><br>{tag}" if tag else f"<b>{block.block_id}</b>"
 
     for i, b in enumerate(state.free_queue):
@@ -530,7 +572,7 @@ def free_queue_spec(state: BlockPoolState, previous: BlockPoolState | None = Non
         was = f" (was position {prev_pos[b]})" if b in prev_pos else ""
         if b in evicted:
             gone = prev_hash.get(b)
-            tag = f"evict {_short(gone, 6)}" if gone else "evicted"
+            tag = f"evict {gone}" if gone else "evicted"
             why = f"taken from the front{was}; its cached hash {gone or ''} was dropped (evicted)"
         elif b in state.new_blocks:
             tag, why = "new", f"taken from the front{was} for new tokens"
@@ -549,7 +591,7 @@ def free_queue_spec(state: BlockPoolState, previous: BlockPoolState | None = Non
         return c, r + 1
 
     data: list[dict[str, Any]] = [
-        _heatmap(z, text, hover, xaxis="x", yaxis="y", name="free queue", font_size=11 if cols <= 8 else 10)
+        _heatmap(z, text, hover, xaxis="x", yaxis="y", name="free queue", font_size=10)
     ]
     data += _status_legend(state.null_block is not None)
     hx, hy = rect_path([left_cells[b] for b in hits if b in left_cells], inset=0.07)
@@ -573,7 +615,7 @@ def free_queue_spec(state: BlockPoolState, previous: BlockPoolState | None = Non
     if previous is None and left:
         sub += " · pass previous= to place leavers where they left"
     head = caption or title or "Free queue"
-    if "free queue" not in head.lower():
+    if "free queue" not in head.lower() and "free list" not in head.lower():
         head = f"Free queue · {head}"
     if qrows == 1:
         ticktext = ["left the queue", "free queue"]
@@ -582,19 +624,21 @@ def free_queue_spec(state: BlockPoolState, previous: BlockPoolState | None = Non
             f"{r * cols}–{min(usable, (r + 1) * cols) - 1}" + (" front" if r == 0 else " back" if r == qrows - 1 else "")
             for r in range(qrows)
         ]
-    cell_px = 48 if cols <= 8 else (40 if cols <= 16 else 24)
+    cell_px = 52 if detail else 24  # room for the id and a two-line tag
+    plot_h = rows * cell_px
     ttl = title_text(head, sub)
     top = top_margin(ttl, True, head_lines, sub_lines)
+    bottom = legend_height(data, left=120) + 16
     layout = base_layout(
         ttl,
-        height=rows * cell_px + top + 75,
-        margin={"l": 120, "r": 20, "t": top, "b": 75},
+        height=plot_h + top + bottom,
+        margin={"l": 120, "r": 20, "t": top, "b": bottom},
         showlegend=True,
-        legend={"orientation": "h", "y": -0.06, "x": 0, "yanchor": "top", "font": {"size": 11}},
+        legend={"orientation": "h", "y": -6 / plot_h, "x": 0, "yanchor": "top", "font": {"size": 11}},
         xaxis={"range": [-0.5, cols - 0.5], "showgrid": False, "zeroline": False, "fixedrange": True,
                "tickmode": "array", "tickvals": list(range(cols)), "ticktext": [str(c) for c in range(cols)],
                "side": "top", "tickfont": {"size": 10},
-               "title": {"text": "queue position: front (handed out next, evicted first) → back (freed last)",
+               "title": {"text": "queue position: front (handed out next, evicted first) → back",
                          "standoff": 4, "font": {"size": 12}}},
         yaxis={"range": [rows - 0.5, -0.5], "showgrid": False, "zeroline": False, "fixedrange": True,
                "tickmode": "array", "tickvals": list(range(rows)), "ticktext": ticktext,
@@ -776,20 +820,21 @@ def radix_tree_spec(state: RadixState, previous: RadixState | None = None, *,
     top = top_margin(ttl, False, head_lines, sub_lines)
     if across:
         rows = max(leaves, n_evicted)
-        height = rows * 46 + 40 + top + 70
+        plot_h = rows * 46 + 40
         xr = [-0.6, (max_d + 1.3 if n_evicted else max_d) + 0.6]
         yr = [rows - 1 + 0.6, -1.0]
     else:
-        bottom = max(max_d, n_evicted)
-        height = (bottom + 1) * 95 + top + 70
+        lowest = max(max_d, n_evicted)
+        plot_h = (lowest + 1) * 95
         xr = [-0.6, (max_u + 1.3 if n_evicted else max_u) + 0.6]
-        yr = [bottom + 0.6, -0.6]
+        yr = [lowest + 0.6, -0.6]
+    bottom = legend_height(data, left=20) + 14
     layout = base_layout(
         ttl,
-        height=height,
-        margin={"l": 20, "r": 20, "t": top, "b": 70},
+        height=plot_h + top + bottom,
+        margin={"l": 20, "r": 20, "t": top, "b": bottom},
         showlegend=True,
-        legend={"orientation": "h", "y": -0.02, "x": 0, "yanchor": "top", "font": {"size": 11}},
+        legend={"orientation": "h", "y": -4 / plot_h, "x": 0, "yanchor": "top", "font": {"size": 11}},
         xaxis={"visible": False, "range": xr, "fixedrange": True},
         yaxis={"visible": False, "range": yr, "fixedrange": True},
         annotations=annotations,
@@ -893,11 +938,13 @@ def hash_chain_spec(chains: Mapping[str, Sequence[Any]], *, block_size: int | No
            f"changes every later hash · compared with {rows[0][0]!r} ({first_len} full blocks)")
     ttl = title_text(title or "Chained block hashes", sub)
     top = top_margin(ttl, True)
+    plot_h = len(rows) * 56
+    bottom = legend_height(data, left=110, font_px=13) + 16
     layout = base_layout(
         ttl,
-        height=len(rows) * 56 + top + 80,
-        margin={"l": 110, "r": 20, "t": top, "b": 80},
-        legend={"orientation": "h", "y": -0.06, "x": 0, "yanchor": "top"},
+        height=plot_h + top + bottom,
+        margin={"l": 110, "r": 20, "t": top, "b": bottom},
+        legend={"orientation": "h", "y": -6 / plot_h, "x": 0, "yanchor": "top"},
         xaxis={"range": [-0.5, ncols - 0.5], "tickmode": "array", "tickvals": list(range(ncols)),
                "ticktext": [f"block {i}" for i in range(ncols)], "side": "top", "showgrid": False,
                "zeroline": False, "fixedrange": True},
@@ -921,6 +968,26 @@ def hash_chain_figure(chains: Mapping[str, Sequence[Any]], *, block_size: int | 
 
 
 # ====================================================================== bars and lines (examples 3, 9, 10, 13)
+
+
+def _chart_layout(title: dict[str, Any], plot_h: int, data: list[dict[str, Any]], *, left: int = 70,
+                  above: int = 0, **extra: Any) -> dict[str, Any]:
+    """Layout for a bar or line chart: title, a ``plot_h`` px plot, and the legend under the x-axis title.
+
+    The legend is placed in pixels below the axis title and the bottom margin
+    holds it as wrapped at the narrowest width, so that it never covers the
+    axis title however wide the figure is. ``above`` adds room over the plot
+    (for panel captions).
+    """
+    top = top_margin(title) + above
+    under_axis = 56  # tick labels and the x-axis title
+    bottom = under_axis + legend_height(data, left=left, font_px=13, traceorder="normal") + 8
+    return base_layout(
+        title, height=plot_h + top + bottom,
+        legend={"orientation": "h", "y": -under_axis / plot_h, "x": 0, "yanchor": "top", "traceorder": "normal"},
+        margin={"l": left, "r": 20, "t": top, "b": bottom}, **extra,
+    )  # fmt: skip
+
 
 _SERIES_STYLES = (
     (theme.BLUE, "solid", "circle"),
@@ -1001,13 +1068,11 @@ def hit_rate_figure(rates: Mapping[str, Any] | Sequence[Any], *, title: str | No
         "text": [f"hit {t}" if v < 0.08 else "" for t, v in zip(labels, values, strict=True)],
         "textposition": "inside", "insidetextanchor": "start", "textfont": {"color": theme.INK},
     }  # fmt: skip
-    layout = base_layout(
+    layout = _chart_layout(
         title_text(title or "Prefix-cache hit rate", "share of prompt tokens served from the cache"),
-        barmode="stack", height=len(names) * 44 + 170,
+        len(names) * 44 + 10, [hit, miss], left=20, barmode="stack",
         xaxis={"range": [0, 100], "title": {"text": "% of prompt tokens"}, "ticksuffix": "%"},
         yaxis={"autorange": "reversed", "automargin": True},
-        legend={"orientation": "h", "y": -0.25, "x": 0, "yanchor": "top", "traceorder": "normal"},
-        margin={"l": 20, "r": 20, "t": 75, "b": 90},
     )  # fmt: skip
     return go.Figure({"data": [hit, miss], "layout": layout})
 
@@ -1052,12 +1117,10 @@ def per_turn_figure(series: Mapping[str, Any] | Sequence[Any], *, y_title: str, 
             "hovertemplate": f"{name}<br>turn %{{x}}: %{{y:,.0f}}<extra></extra>",
         })  # fmt: skip
     longest = max((len(v) for _, v in rows), default=1)
-    layout = base_layout(
-        title_text(title), height=430,
+    layout = _chart_layout(
+        title_text(title), 280, data,
         xaxis={"title": {"text": "turn"}, "dtick": 1 if longest <= 20 else None, "range": [0.5, longest + 0.5]},
         yaxis={"title": {"text": y_title + (" (running total)" if cumulative else "")}, "rangemode": "tozero"},
-        legend={"orientation": "h", "y": -0.2, "x": 0, "yanchor": "top"},
-        margin={"l": 70, "r": 20, "t": 60, "b": 100},
     )  # fmt: skip
     return go.Figure({"data": data, "layout": layout})
 
@@ -1137,12 +1200,10 @@ def cache_n_figure(runs: Mapping[str, Sequence[Any]] | Sequence[Any], *, title: 
         if name:
             annotations.append({"text": f"<b>{name}</b><br>processed {total:,} tokens", "xref": "paper",
                                 "yref": "paper", "x": x0 + width / 2, "y": 1.02, "showarrow": False,
-                                "yanchor": "bottom"})  # fmt: skip
-    layout = base_layout(
-        title_text(title or "Prompt tokens per turn: cached (cache_n) and processed (prompt_n)"),
-        barmode="stack", height=440, annotations=annotations,
-        legend={"orientation": "h", "y": -0.2, "x": 0, "yanchor": "top", "traceorder": "normal"},
-        margin={"l": 70, "r": 20, "t": 110, "b": 100}, **layout_axes,
+                                "xanchor": "center", "yanchor": "bottom"})  # fmt: skip
+    layout = _chart_layout(
+        title_text(title or "Prompt tokens per turn: cached (cache_n) and processed (prompt_n)"), 250, data,
+        above=44 if annotations else 0, barmode="stack", annotations=annotations, **layout_axes,
     )  # fmt: skip
     return go.Figure({"data": data, "layout": layout})
 
@@ -1186,13 +1247,11 @@ def utilization_figure(fills: Mapping[str, Any] | Sequence[Any], *, title: str |
                                                    "size": 8}},
             "hovertemplate": f"%{{y}}: %{{x:.1f}}% of the pool {label}<extra></extra>",
         })  # fmt: skip
-    layout = base_layout(
-        title_text(title or "Pool utilization", "share of the pool's slots"),
-        barmode="stack", height=len(names) * 56 + 170,
+    layout = _chart_layout(
+        title_text(title or "Pool utilization", "share of the pool's slots"), len(names) * 56 + 10, data,
+        left=20, barmode="stack",
         xaxis={"range": [0, 100], "ticksuffix": "%", "title": {"text": "% of pool slots"}},
         yaxis={"autorange": "reversed", "automargin": True},
-        legend={"orientation": "h", "y": -0.25, "x": 0, "yanchor": "top", "traceorder": "normal"},
-        margin={"l": 20, "r": 20, "t": 75, "b": 90},
     )  # fmt: skip
     return go.Figure({"data": data, "layout": layout})
 
@@ -1258,9 +1317,11 @@ def radix_extent(state: RadixState) -> tuple[int, int, int]:
 def view_hints(view: str, states: Sequence[Any]) -> dict[str, Any]:
     """Keyword arguments that give every snapshot of a history the same axes in ``view``."""
     if view == "block_pool":
+        labels = (table_label(rid, n) for s in states for rid, n in s.seq_lens)
         return {
             "table_rows": max((len(s.tables) for s in states), default=0),
             "table_cols": max((len(t) for s in states for _, t in s.tables), default=0),
+            "label_px": max((text_px(line, 11) for label in labels for line in label.split("<br>")), default=0),
             "legend_marks": set().union(*(block_pool_marks(s) for s in states)),
         }
     if view == "free_queue":

@@ -26,7 +26,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.basedatatypes import Undefined
 
-from kvlab.errors import InvalidArgumentError, KvlabError, ScenarioError, check_int
+from kvlab.errors import InvalidArgumentError, KvlabError, OutOfBlocksError, ScenarioError, check_int
 from kvlab.snapshots import BlockPoolState, ContiguousState, History, RadixState
 from kvlab.views._common import Spec, steps_of, title_lines
 from kvlab.views.animations import step_caption
@@ -191,7 +191,9 @@ class Stepper(widgets.VBox):
         self.back.on_click(lambda _: self.step(-1))
         self.forward.on_click(lambda _: self.step(+1))
         self.slider.observe(self._on_slider, names="value")
-        controls = widgets.HBox([self.back, self.play, self.forward, self.slider])
+        # the row wraps (slider under the buttons) in a narrow notebook instead of running off the edge
+        controls = widgets.HBox([self.back, self.play, self.forward, self.slider],
+                                layout=widgets.Layout(flex_flow="row wrap"))
         super().__init__([controls, self.caption, *(f.widget for f in self.figures)])
         self._show(0)
 
@@ -296,13 +298,19 @@ class Playground(widgets.VBox):
     ``model="prefix-cache"`` is ``kvlab.prefix_cache.PrefixCache`` (vLLM's
     lazy eviction, free queue, hits); its scenario is exactly the replay CLI's
     JSON (``python -m kvlab replay prefix-cache``). ``model="block-pool"`` is
-    ``kvlab.paged.BlockPool`` with prefix sharing, fork and copy-on-write; its
-    scenario has the same shape plus a ``fork`` op, and replays here
-    (``Playground.from_scenario``).
+    ``kvlab.paged.BlockPool`` with prefix sharing, fork and copy-on-write. The
+    replay CLI has no block-pool model (and no fork), so a block-pool scenario
+    says so: it carries ``"model": "block-pool"`` beside ``config`` and
+    ``ops``, the CLI refuses it, and it replays here instead
+    (``Playground.from_scenario`` or the widget's *replay JSON* button).
 
     Allocated prompts are the first ``prefix`` tokens of one shared prompt
     (1000, 1001, ...) followed by fresh tokens, so two requests with a prefix
-    share exactly that prefix. Every successful operation is recorded.
+    share exactly that prefix. Every operation the model carries out is
+    recorded, and so is one the pool refuses for want of free blocks (an
+    ``alloc`` or ``append`` that changes nothing): the replay CLI reports it
+    as ``"ok": false``, so the scenario replays exactly as it was played. Bad
+    input (an unknown request, a duplicate id) is shown and not recorded.
     """
 
     def __init__(self, model: str = "prefix-cache", *, num_blocks: int = 12, block_size: int = 4,
@@ -324,6 +332,8 @@ class Playground(widgets.VBox):
                            "hash": hash_scheme}  # fmt: skip
         self.model = _build_model(model, self.config)  # validates the config
         self.ops: list[dict[str, Any]] = []
+        #: why the pool refused the op at each index of ``ops`` that it refused (recorded, ok: false)
+        self.refused: dict[int, str] = {}
         self._next_token = UNIQUE_START
         self._build_widgets()
         self._refresh()
@@ -340,8 +350,12 @@ class Playground(widgets.VBox):
     def state(self) -> BlockPoolState:
         return self.history[-1].state
 
-    def allocate(self, request: str, num_tokens: int, prefix: int = 0, cache_salt: str | None = None) -> None:
-        """A new request of ``num_tokens`` tokens whose first ``prefix`` come from the shared prompt."""
+    def allocate(self, request: str, num_tokens: int, prefix: int = 0, cache_salt: str | None = None) -> bool:
+        """A new request of ``num_tokens`` tokens whose first ``prefix`` come from the shared prompt.
+
+        Returns False when the pool refused it (not enough free blocks): the
+        refusal is recorded, as the replay CLI's ``"ok": false``, and nothing else changes.
+        """
         check_int("num_tokens", num_tokens, minimum=1)
         check_int("prefix", prefix, minimum=0)
         if prefix > num_tokens:
@@ -354,71 +368,123 @@ class Playground(widgets.VBox):
         op: dict[str, Any] = {"op": "alloc", "req": request, "tokens": tokens}
         if cache_salt:
             op["cache_salt"] = cache_salt
-        self.apply(op)
+        return self.apply(op)
 
-    def append(self, request: str, num_tokens: int) -> None:
-        """Decode ``num_tokens`` fresh tokens into ``request``."""
+    def append(self, request: str, num_tokens: int) -> bool:
+        """Decode ``num_tokens`` fresh tokens into ``request``; False (recorded) when the pool refused."""
         check_int("num_tokens", num_tokens, minimum=1)
-        self.apply({"op": "append", "req": request, "tokens": self._fresh(num_tokens)})
+        return self.apply({"op": "append", "req": request, "tokens": self._fresh(num_tokens)})
 
-    def fork(self, parent: str, child: str) -> None:
+    def fork(self, parent: str, child: str) -> bool:
         """Start ``child`` sharing all of ``parent``'s blocks (block pool only)."""
-        self.apply({"op": "fork", "req": parent, "child": child})
+        return self.apply({"op": "fork", "req": parent, "child": child})
 
-    def free(self, request: str) -> None:
+    def free(self, request: str) -> bool:
         """``request`` finished: release its blocks."""
-        self.apply({"op": "free", "req": request})
+        return self.apply({"op": "free", "req": request})
 
-    def apply(self, op: dict[str, Any]) -> None:
-        """Apply one scenario op to the model and record it; raises a KvlabError (changing nothing) if it fails."""
-        _apply_op(self.model_name, self.model, op, len(self.ops))
+    def apply(self, op: dict[str, Any]) -> bool:
+        """Apply one scenario op to the model and record it; True when the model carried it out.
+
+        An ``alloc`` or ``append`` the pool refuses for want of free blocks
+        changes nothing but is recorded (the replay CLI reports it as
+        ``"ok": false``) and returns False; its reason is in ``refused``. Any
+        other failure raises a KvlabError and records nothing.
+        """
+        reason = _apply_op(self.model_name, self.model, op, len(self.ops))
+        if reason is not None:
+            self.refused[len(self.ops)] = reason
         self.ops.append(op)
         if op["op"] in ("alloc", "append", "probe"):
             self._next_token = max(self._next_token, max(op["tokens"]) + 1)
         self._refresh()
+        return reason is None
 
     def undo(self) -> None:
-        """Take back the last operation (the model is rebuilt from the remaining ops)."""
+        """Take back the last operation, carried out or refused (the model is rebuilt from the others)."""
         if not self.ops:
             raise InvalidArgumentError("nothing to undo")
         ops = self.ops[:-1]
         self.model = _build_model(self.model_name, self.config)
         self.ops = []
+        self.refused = {}
         for op in ops:
             self.apply(op)
         self._refresh()
 
     def scenario(self) -> dict[str, Any]:
-        """What was done, as ``{"config": ..., "ops": [...]}`` (the replay CLI's JSON for the prefix cache)."""
-        return {"config": dict(self.config), "ops": [dict(op) for op in self.ops]}
+        """What was done, refusals included, as ``{"config": ..., "ops": [...]}``.
+
+        For the prefix cache that is exactly the replay CLI's JSON. A
+        block-pool scenario also says ``"model": "block-pool"``: the CLI has no
+        such model, so it refuses the file, and ``Playground.from_scenario``
+        replays it.
+        """
+        out: dict[str, Any] = {"config": dict(self.config), "ops": [dict(op) for op in self.ops]}
+        if self.model_name != "prefix-cache":
+            out = {"model": self.model_name, **out}
+        return out
 
     def to_json(self, indent: int | None = None) -> str:
         return json.dumps(self.scenario(), indent=indent)
 
     def load(self, scenario: dict[str, Any] | str) -> None:
-        """Replace what was done by ``scenario`` (a dict or its JSON), replaying its ops; all or nothing."""
-        config, ops = _parse_scenario(scenario)
+        """Replace what was done by ``scenario`` (a dict or its JSON), replaying its ops; all or nothing.
+
+        Ops the pool refuses are kept as refusals, as the replay CLI does.
+        """
+        model, config, ops = _parse_scenario(scenario)
+        if model is not None and model != self.model_name:
+            raise ScenarioError(
+                f"this is a {model} scenario and this playground runs the {self.model_name} model: "
+                f"replay it with Playground.from_scenario(scenario), which picks the model"
+            )
         fresh = _build_model(self.model_name, config)
+        refused = {}
         for i, op in enumerate(ops):
-            _apply_op(self.model_name, fresh, op, i)
+            reason = _apply_op(self.model_name, fresh, op, i)
+            if reason is not None:
+                refused[i] = reason
         self.config = dict(config)
         self.model = fresh
         self.ops = [dict(op) for op in ops]
+        self.refused = refused
         tokens = [t for op in ops for t in op.get("tokens", [])]
         self._next_token = max([UNIQUE_START, *(t + 1 for t in tokens)])
         self._refresh()
 
     @classmethod
-    def from_scenario(cls, scenario: dict[str, Any] | str, model: str = "prefix-cache") -> Playground:
-        """A playground that has replayed ``scenario``."""
-        config, _ = _parse_scenario(scenario)
+    def from_scenario(cls, scenario: dict[str, Any] | str, model: str | None = None) -> Playground:
+        """A playground that has replayed ``scenario``.
+
+        ``model`` defaults to the scenario's own ``"model"`` field, and to
+        ``"prefix-cache"`` (the replay CLI's JSON) when it has none.
+        """
+        named, config, _ = _parse_scenario(scenario)
+        if model is not None and named is not None and model != named:
+            raise ScenarioError(f"the scenario is for the {named} model, not {model}")
+        model = model or named or "prefix-cache"
+        if model not in MODELS:
+            raise InvalidArgumentError(f"unknown model {model!r}: use one of {', '.join(MODELS)}")
         pg = cls(model, num_blocks=_cfg_int(config, "num_blocks"), block_size=_cfg_int(config, "block_size"))
         pg.load(scenario)
         return pg
 
     def stepper(self) -> Stepper:
-        """A stepper over everything done so far."""
+        """A stepper over everything done so far (refused ops changed nothing, so they have no step)."""
         return Stepper(self.history)
+
+    def log(self) -> list[str]:
+        """One line per recorded op: the model's caption, or why the pool refused it."""
+        captions = iter(step.caption for step in self.history.steps[1:])
+        out = []
+        for i, op in enumerate(self.ops):
+            if i in self.refused:
+                what = f"{op['op']} {op.get('req', '')}".strip()
+                out.append(f"refused ({what}; replays as ok: false): {self.refused[i]}")
+            else:
+                out.append(next(captions, op["op"]))
+        return out
 
     # -- widgets
 
@@ -461,8 +527,9 @@ class Playground(widgets.VBox):
         self.replay_button.on_click(lambda _: self._guard(self._replay))
         self.pool_figure = LiveFigure(self._pool_spec())
         self.queue_figure = LiveFigure(self._queue_spec())
-        fields = w.VBox([w.HBox([self.new_id_box, self.tokens_box, self.prefix_box, self.salt_box]),
-                         w.HBox([self.request_pick, *self.buttons.values()])])  # fmt: skip
+        wrap = w.Layout(flex_flow="row wrap")  # rows wrap in a narrow notebook
+        fields = w.VBox([w.HBox([self.new_id_box, self.tokens_box, self.prefix_box, self.salt_box], layout=wrap),
+                         w.HBox([self.request_pick, *self.buttons.values()], layout=wrap)])  # fmt: skip
         scenario = w.Accordion([w.VBox([self.scenario_box, w.HBox([self.export_button, self.replay_button])])])
         scenario.set_title(0, "scenario (replay JSON)")
         super().__init__([fields, self.message, self.pool_figure.widget, self.queue_figure.widget, self.log_view,
@@ -485,7 +552,7 @@ class Playground(widgets.VBox):
             return
         self.pool_figure.show(self._pool_spec())
         self.queue_figure.show(self._queue_spec())
-        lines = [f"{i + 1}. {html.escape(s.caption)}" for i, s in enumerate(self.history.steps[1:])]
+        lines = [f"{i + 1}. {html.escape(text)}" for i, text in enumerate(self.log())]
         self.log_view.value = "<b>operations</b><br>" + ("<br>".join(lines) if lines else "none yet")
         live = [rid for rid, _ in self.state.tables]
         current = self.request_pick.value
@@ -507,12 +574,16 @@ class Playground(widgets.VBox):
                 raise InvalidArgumentError(f"no running request to {name}: allocate one first")
             if name == "allocate":
                 salt = self.salt_box.value.strip() or None
-                self.allocate(new_id, int(self.tokens_box.value), int(self.prefix_box.value), salt)
-                self.request_pick.value = new_id
-                self._say(f"allocated {new_id!r}: {self.history[-1].caption}", ok=True)
+                if self.allocate(new_id, int(self.tokens_box.value), int(self.prefix_box.value), salt):
+                    self.request_pick.value = new_id
+                    self._say(f"allocated {new_id!r}: {self.history[-1].caption}", ok=True)
+                else:
+                    self._say_refused()
             elif name == "append":
-                self.append(req, int(self.tokens_box.value))
-                self._say(self.history[-1].caption, ok=True)
+                if self.append(req, int(self.tokens_box.value)):
+                    self._say(self.history[-1].caption, ok=True)
+                else:
+                    self._say_refused()
             elif name == "fork":
                 self.fork(req, new_id)
                 self._say(self.history[-1].caption, ok=True)
@@ -539,9 +610,21 @@ class Playground(widgets.VBox):
         icon = "✓" if ok else "✗"
         self.message.value = f"<span style='color:{color}'>{icon} {html.escape(text)}</span>"
 
+    def _say_refused(self) -> None:
+        reason = self.refused[len(self.ops) - 1]
+        self._say(f"{reason} (recorded: the scenario replays it as ok: false; undo takes it back)", ok=False)
+
     def _export(self) -> None:
         self.scenario_box.value = self.to_json(indent=1)
-        self._say(f"exported {len(self.ops)} ops; replay with: python -m kvlab replay {self.model_name}", ok=True)
+        refused = f", {len(self.refused)} refused (ok: false)" if self.refused else ""
+        if self.model_name == "prefix-cache":
+            self._say(f"exported {len(self.ops)} ops{refused}; replay with: python -m kvlab replay prefix-cache",
+                      ok=True)  # fmt: skip
+        else:
+            self._say(f"exported {len(self.ops)} ops{refused}. This is a block-pool scenario (\"model\": "
+                      "\"block-pool\"): the replay CLI has no block-pool model and no fork, so it will refuse "
+                      "the file; replay it here with Playground.from_scenario(json) or the replay JSON button",
+                      ok=True)  # fmt: skip
 
     def _replay(self) -> None:
         self.load(self.scenario_box.value)
@@ -567,14 +650,28 @@ def _cfg_int(config: dict[str, Any], key: str) -> int:
     return value
 
 
-def _parse_scenario(scenario: object) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _parse_scenario(scenario: object) -> tuple[str | None, dict[str, Any], list[dict[str, Any]]]:
+    """(the scenario's "model" field or None, config, ops); the rest is checked as the replay CLI does."""
     from kvlab.replay import load_scenario
 
     if isinstance(scenario, str):
-        return load_scenario(scenario)
-    if isinstance(scenario, dict):
-        return load_scenario(json.dumps(scenario))
-    raise ScenarioError(f'a scenario is a dict or JSON text {{"config": ..., "ops": [...]}}, got {type(scenario).__name__}')
+        try:
+            data = json.loads(scenario)
+        except json.JSONDecodeError:
+            return (None, *load_scenario(scenario))  # load_scenario says where the JSON is broken
+    elif isinstance(scenario, dict):
+        data = scenario
+    else:
+        raise ScenarioError(
+            f'a scenario is a dict or JSON text {{"config": ..., "ops": [...]}}, got {type(scenario).__name__}'
+        )
+    model = None
+    if isinstance(data, dict) and "model" in data:
+        model = data["model"]
+        if model not in MODELS:
+            raise ScenarioError(f"unknown scenario model {model!r}: use one of {', '.join(MODELS)}")
+        data = {k: v for k, v in data.items() if k != "model"}
+    return (model, *load_scenario(json.dumps(data)))
 
 
 def _build_model(model: str, config: dict[str, Any]) -> Any:
@@ -607,8 +704,13 @@ def _build_model(model: str, config: dict[str, Any]) -> Any:
         raise ScenarioError(f"config: {exc}") from None
 
 
-def _apply_op(model_name: str, model: Any, op: object, index: int) -> None:
-    """Apply one op; a bad op raises ScenarioError (naming its index) and changes nothing."""
+def _apply_op(model_name: str, model: Any, op: object, index: int) -> str | None:
+    """Apply one op; None when done, the reason when the pool refused it for want of free blocks.
+
+    A refused ``alloc`` or ``append`` changes nothing, as in the replay CLI,
+    which reports it as ``"ok": false``. A bad op raises ScenarioError
+    (naming its index) and changes nothing.
+    """
     if not isinstance(op, dict):
         raise ScenarioError(f'each op must be an object like {{"op": "alloc", ...}}, got {op!r}', index)
     name = op.get("op")
@@ -638,5 +740,10 @@ def _apply_op(model_name: str, model: Any, op: object, index: int) -> None:
             model.probe(op["tokens"], op.get("cache_salt"))
         else:
             model.fork(req, op["child"])
+    except OutOfBlocksError as exc:
+        if name in ("alloc", "append"):
+            return str(exc)
+        raise ScenarioError(str(exc), index) from None
     except KvlabError as exc:
         raise ScenarioError(str(exc), index) from None
+    return None
