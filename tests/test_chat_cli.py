@@ -75,6 +75,7 @@ def test_the_table_output(capsys):
         (["--block-size", "9999"], "--block-size: 9999 is too large"),
         (["--system-tokens", "-1"], "--system-tokens: must be 0 or more"),
         (["--system-tokens", "99999"], "at most 16000"),
+        (["--threads", "0"], "--threads: must be at least 1"),
         (["--bogus"], "unrecognized arguments"),
     ],
 )

@@ -72,17 +72,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--clock", action="store_true", help="put a time stamp at the start of the system prompt")
     p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
+    p.add_argument(
+        "--threads", type=_positive, default=1,
+        help="torch CPU threads (default 1: the tiny model's ops are too small to gain from more)",
+    )
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        import torch
+
         from kvlab.engine.chat import context_needed, run_chat
         from kvlab.engine.engine import Engine
     except ImportError as exc:
         print(f"kvlab chat: {exc}; install the engine extra: pip install 'kvlab[engine]'", file=sys.stderr)
         return 2
+    # this process is ours: threads only wait for each other on ops this small, worse on a busy machine
+    torch.set_num_threads(args.threads)
     try:
         engine = Engine(
             cache=args.cache,

@@ -106,6 +106,20 @@ class Engine:
         self._free = deque(range(num_blocks))
         self._ids = itertools.count()
         self._used_ids: set[str] = set()
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """One prefill and one decode step into block 0 of the still-empty pool, as servers warm up at start.
+
+        The first call of a torch kernel pays one-time costs (loading, picking
+        BLAS kernels); without this, the first request's time to first token
+        would measure them, not the prompt. Nothing refers to block 0's
+        contents afterwards: no request or cache entry exists yet.
+        """
+        table = torch.zeros(1, dtype=torch.int32)
+        self.model.prefill([0], 0, self.pool, table, impl=self.attention)
+        if self.block_size > 1:
+            self.model.decode(0, 1, self.pool, table, impl=self.attention)
 
     # ------------------------------------------------------------------ public
 
