@@ -161,28 +161,29 @@ def causal_f64(query, keys, values, q_len):
 @pytest.mark.parametrize("block_size", [1, 16, 64])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_prefill_writes_through_the_slot_mapping_and_attends_causally(impl, block_size, dtype):
-    """Two sequences: one with a cached 70-token prefix plus 9 new tokens, one brand new (33 tokens)."""
+    """Three sequences: a 70-token cached prefix + 9 new tokens, a brand new one, and 10 cached + 30 new."""
     gen = torch.Generator().manual_seed(block_size)
     hkv, group, dim = 2, 4, 32
-    total = [79, 33]
-    new = [9, 33]
+    total = [79, 33, 40]
+    new = [9, 33, 30]
     keys = [torch.randn(t, hkv, dim, generator=gen).to(dtype) for t in total]
     values = [torch.randn(t, hkv, dim, generator=gen).to(dtype) for t in total]
     queries = [torch.randn(n, hkv * group, dim, generator=gen).to(dtype) for n in new]
     blocks = [-(-t // block_size) for t in total]
     num_blocks = sum(blocks) + 2
     physical = torch.randperm(num_blocks, generator=gen).tolist()
-    tables = torch.zeros(2, max(blocks), dtype=torch.int32)
-    tables[0, : blocks[0]] = torch.tensor(physical[: blocks[0]])
-    tables[1, : blocks[1]] = torch.tensor(physical[blocks[0] : blocks[0] + blocks[1]])
+    tables = torch.zeros(len(total), max(blocks), dtype=torch.int32)
     kc = torch.zeros(num_blocks, block_size, hkv, dim, dtype=dtype)
     vc = torch.zeros_like(kc)
-    cached = total[0] - new[0]  # the prefix hit: written by an earlier request
-    write_kv_cache(keys[0][:cached], values[0][:cached], kc, vc, slot_mapping(tables[0], torch.arange(cached), block_size))
+    for s, t in enumerate(total):
+        tables[s, : blocks[s]] = torch.tensor([physical.pop() for _ in range(blocks[s])])
+        cached = t - new[s]  # a prefix hit: written by an earlier request
+        slots = slot_mapping(tables[s], torch.arange(cached), block_size)
+        write_kv_cache(keys[s][:cached], values[s][:cached], kc, vc, slots)
     out = paged_prefill(
         torch.cat(queries),
-        torch.cat([keys[0][cached:], keys[1]]),
-        torch.cat([values[0][cached:], values[1]]),
+        torch.cat([k[t - n :] for k, t, n in zip(keys, total, new, strict=True)]),
+        torch.cat([v[t - n :] for v, t, n in zip(values, total, new, strict=True)]),
         kc,
         vc,
         tables,
@@ -190,10 +191,10 @@ def test_prefill_writes_through_the_slot_mapping_and_attends_causally(impl, bloc
         torch.tensor(new),
         impl=impl,
     )
-    expected = torch.cat([causal_f64(queries[s], keys[s], values[s], new[s]) for s in range(2)])
+    expected = torch.cat([causal_f64(queries[s], keys[s], values[s], new[s]) for s in range(len(total))])
     torch.testing.assert_close(out.double(), expected, atol=TOLERANCE[dtype], rtol=0)
     # every token's K/V is now in the pool, where decode reads it
-    q_next = torch.randn(2, hkv * group, dim, generator=gen).to(dtype)
+    q_next = torch.randn(len(total), hkv * group, dim, generator=gen).to(dtype)
     decoded = paged_attention(q_next, kc, vc, tables, torch.tensor(total), impl="torch")
     torch.testing.assert_close(decoded.double(), dense_f64(q_next, keys, values), atol=TOLERANCE[dtype], rtol=0)
 

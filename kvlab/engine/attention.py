@@ -20,14 +20,21 @@ Implementations (``impl=``):
 
 * ``"reference"`` gathers each sequence into a dense tensor and runs plain
   attention in float64: slow, obviously right, the oracle the others are tested against.
-* ``"torch"`` walks each sequence a tile of whole blocks at a time with an
-  online softmax (running max, running sum, rescaled accumulator), so the
-  gathered sequence is never materialised; within a tile all heads are one
-  batched matmul.
+* ``"torch"`` (decode) walks each sequence a tile of whole blocks at a time
+  with an online softmax (running max, running sum, rescaled accumulator), so
+  the gathered sequence is never materialised; within a tile all heads are one
+  batched matmul. For prefill, ``"torch"`` gathers each sequence and runs
+  torch's fused attention with the causal offset (prefill is compute-bound;
+  the gather is small next to it).
 * ``"triton"`` (decode only) a Triton kernel: one program per sequence and KV
   head (optionally split over the sequence), each K/V block read once for all
   the query heads that share it. See ``kvlab.engine.triton_paged``.
-* ``"auto"`` picks triton for CUDA tensors when triton imports, torch otherwise.
+* ``"auto"`` picks triton for CUDA tensors when triton imports, torch otherwise
+  (prefill: always torch).
+
+``impl="flex"`` (FlexAttention with a paged block mask) is not implemented: on
+a CPU it needs torch.compile's C++ toolchain, and the Triton kernel already
+covers the GPU.
 
 Grouped-query attention: ``num_heads`` must be a multiple of ``num_kv_heads``;
 query head ``h`` uses KV head ``h // (num_heads // num_kv_heads)``.
@@ -473,28 +480,33 @@ def paged_prefill(
         if impl == "reference":
             out[rows] = _dense_attention_f64(q[rows], k, v, scale_, mask).to(q.dtype)
         else:
-            out[rows] = _sdpa_causal(q[rows], k, v, scale_, None if n == t else mask)
+            out[rows] = _sdpa_causal(q[rows], k, v, scale_, mask)
         start += n
     return out
 
 
-def _sdpa_causal(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mask: torch.Tensor | None
-) -> torch.Tensor:
-    """torch's fused attention on one gathered sequence; q [n, H, D], k/v [t, Hkv, D].
+def _sdpa_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mask: torch.Tensor) -> torch.Tensor:
+    """torch's fused attention on one gathered sequence; q [n, H, D], k/v [t, Hkv, D], ``mask`` [n, t].
 
-    ``mask`` None means no cached prefix (n == t): plain causal attention, which
-    lets the kernel skip the upper triangle. Inputs are 4-D so that torch's CPU
+    The n new queries are the last n rows of a causal t x t attention. When
+    they are at least half of it, the queries are padded at the front with
+    zeros (rows that are computed and dropped) so that torch can run plain
+    causal attention, which skips the upper triangle; that costs t*t/2 scores
+    against n*t with an explicit mask. Inputs are 4-D so that torch's CPU
     flash kernel, not the much slower math fallback, runs.
     """
     work = _work_dtype(q.dtype)
+    n, t = q.shape[0], k.shape[0]
+    pad = 2 * n >= t
+    if pad and n < t:
+        q = torch.cat([q.new_zeros((t - n, *q.shape[1:])), q])
     out = torch.nn.functional.scaled_dot_product_attention(
         q.transpose(0, 1)[None].to(work),
         k.transpose(0, 1)[None].to(work),
         v.transpose(0, 1)[None].to(work),
-        attn_mask=mask,
-        is_causal=mask is None,
+        attn_mask=None if pad else mask,
+        is_causal=pad,
         scale=scale,
         enable_gqa=q.shape[1] != k.shape[1],
     )
-    return out[0].transpose(0, 1).to(q.dtype)
+    return out[0, :, -n:].transpose(0, 1).to(q.dtype)

@@ -188,7 +188,7 @@ def legend_height(data: Sequence[Mapping[str, Any]], *, left: float, width: int 
     else:  # columns as wide as the widest entry
         per_row = max(1, int(room // max(entries)))
         rows = -(-len(entries) // per_row)
-    return int(rows * (font_px + 8) + 14)
+    return int(rows * (font_px + 18) + 8)  # a row is as tall as its symbols, about 29 px at 11 px text
 
 
 def legend_entry(name: str, color: str, *, symbol: str = "square", group: str | None = None,

@@ -417,7 +417,7 @@ def block_pool_spec(state: BlockPoolState, previous: BlockPoolState | None = Non
 
     data += marks("hit", state.hit_blocks, 0.07)
     data += marks("new", state.new_blocks, 0.07)
-    data += marks("copied", [copy for _, copy in state.copied_blocks], 0.16)
+    data += marks("copied", [copy for _, copy in state.copied_blocks], 0.03)
     data += marks("evicted", state.evicted_blocks, 0, cross=True)
 
     hl_text = ""
@@ -596,7 +596,7 @@ def free_queue_spec(state: BlockPoolState, previous: BlockPoolState | None = Non
     data += _status_legend(state.null_block is not None)
     hx, hy = rect_path([left_cells[b] for b in hits if b in left_cells], inset=0.07)
     nx, ny = rect_path([left_cells[b] for b in state.new_blocks if b in left_cells], inset=0.07)
-    cx, cy = rect_path([left_cells[b] for b in copies if b in left_cells], inset=0.16)
+    cx, cy = rect_path([left_cells[b] for b in copies if b in left_cells], inset=0.03)
     ex, ey = cross_path([(left_cells[b][0] + 0.27, -0.22) for b in state.evicted_blocks if b in left_cells],
                         half=0.1)
     joined = [b for b in state.free_queue if previous is not None and b not in prev_pos]

@@ -228,6 +228,8 @@ class Stepper(widgets.VBox):
             hints["sub_lines"] = 2
             if v == "block_pool":
                 hints.update(highlight=highlight, strict=False)
+                if highlight is not None:
+                    hints["sub_lines"] = 3  # the token's translation takes a line of its own
             out.append((v, spec_fn, hints))
         return out
 
@@ -535,13 +537,14 @@ class Playground(widgets.VBox):
         super().__init__([fields, self.message, self.pool_figure.widget, self.queue_figure.widget, self.log_view,
                           scenario])  # fmt: skip
 
+    # two title and two subtitle lines always, so that the plots do not move as captions change length
     def _pool_spec(self) -> Spec:
-        return block_pool_spec(self.state, caption=self._caption("Block pool"))
+        return block_pool_spec(self.state, caption=self._caption("Block pool"), head_lines=2, sub_lines=2)
 
     def _queue_spec(self) -> Spec:
         previous = self.history[-2].state if len(self.history) > 1 else None
         title = "Free queue" if self.model_name == "prefix-cache" else "Free list"
-        return free_queue_spec(self.state, previous, caption=self._caption(title))
+        return free_queue_spec(self.state, previous, caption=self._caption(title), head_lines=2, sub_lines=2)
 
     def _caption(self, what: str) -> str:
         step = self.history[-1]
