@@ -31,9 +31,11 @@ def load_scenario(text: str) -> tuple[dict[str, Any], list[Any]]:
         raise ScenarioError(f"the scenario is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
     if not isinstance(data, dict):
         raise ScenarioError('the scenario must be a JSON object: {"config": {...}, "ops": [...]}')
-    unknown = set(data) - {"config", "ops"}
+    unknown = set(data) - {"config", "ops", "model"}
     if unknown:
-        raise ScenarioError(f"unknown top-level key(s) {sorted(unknown)}: a scenario has only 'config' and 'ops'")
+        raise ScenarioError(
+            f"unknown top-level key(s) {sorted(unknown)}: a scenario has only 'config', 'ops' and an optional 'model'"
+        )
     config = data.get("config", {})
     ops = data.get("ops")
     if not isinstance(config, dict):
@@ -41,6 +43,18 @@ def load_scenario(text: str) -> tuple[dict[str, Any], list[Any]]:
     if not isinstance(ops, list):
         raise ScenarioError("'ops' must be a JSON list of operations")
     return config, ops
+
+
+def check_model(named: object, model: str) -> None:
+    """A scenario may name the model it was written for (playground exports do); it must be this one."""
+    if named is None or named == model:
+        return
+    if named == "block-pool":
+        raise ScenarioError(
+            "this scenario was exported from the block-pool playground (it may fork, which the replay CLI "
+            "has no op for): load it with kvlab.views.Playground.from_scenario instead"
+        )
+    raise ScenarioError(f"the scenario names model {named!r} but is replayed as {model!r}: replay it as {named!r}")
 
 
 def replay(model: str, config: dict[str, Any], ops: list[Any]) -> list[dict[str, Any]]:
@@ -68,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.model not in REPLAYERS:
             raise ScenarioError(f"unknown model {args.model!r}: use one of {', '.join(REPLAYERS)}")
         config, ops = load_scenario(text)
+        check_model(json.loads(text).get("model"), args.model)
         records = replay(args.model, config, ops)
     except KvlabError as exc:
         print(f"kvlab replay: {exc}", file=sys.stderr)

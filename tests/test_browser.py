@@ -66,7 +66,7 @@ def lab(tmp_path_factory):
     proc = subprocess.Popen(
         [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
          f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={ROOT}", "--LabApp.expose_app_in_browser=True",
-         "--ServerApp.open_browser=False"],
+         "--ServerApp.open_browser=False", "--allow-root"],
         stdout=subprocess.DEVNULL, stderr=open(home / "lab.log", "w"), env=env,  # noqa: SIM115
     )
     base = f"http://127.0.0.1:{port}"

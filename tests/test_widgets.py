@@ -66,6 +66,7 @@ def test_setting_the_slider_updates_the_figures_to_that_snapshot(example_7) -> N
 def test_buttons_step_and_stop_at_the_ends(example_7) -> None:
     st = Stepper(example_7, "free_queue")
     assert st.back.disabled and not st.forward.disabled
+    assert st.children[0].layout.flex_flow == "row wrap"  # the slider goes under the buttons when narrow
     st.forward.click()
     st.forward.click()
     assert st.index == 2

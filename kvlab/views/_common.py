@@ -82,13 +82,21 @@ def text_px(text: str, font_px: float = 10) -> float:
 
 
 def wrap(text: str, width: int) -> str:
-    """``text`` with ``<br>`` breaks so that no line is much wider than ``width`` characters.
+    """``text`` with ``<br>`` breaks so that no line is wider than ``width`` characters.
 
     Existing ``<br>`` breaks are kept; plotly does not wrap titles itself.
+    The lines of a wrapped text are made about equally long.
     """
     out = []
     for line in text.split("<br>"):
-        out.append("<br>".join(textwrap.wrap(line, width, break_on_hyphens=False)) or line)
+        lines = textwrap.wrap(line, width, break_on_hyphens=False)
+        # as many lines as needed, of about equal length: no lone word on the last one
+        for narrower in range(-(-len(line) // max(len(lines), 1)), width):
+            even = textwrap.wrap(line, narrower, break_on_hyphens=False)
+            if len(even) == len(lines):
+                lines = even
+                break
+        out.append("<br>".join(lines) or line)
     return "<br>".join(out)
 
 
