@@ -368,7 +368,7 @@ class RadixTree:
         for parent in deferred:
             self._push(parent)
         runs = list(self._evicted_runs)
-        self._record(f"evict {num_tokens}: freed {freed} tokens in {len(runs)} leaves")
+        self._record(f"evict {num_tokens}: freed {freed} tokens in {len(runs)} {'leaf' if len(runs) == 1 else 'leaves'}")
         return runs
 
     def nodes(self) -> Iterator[RadixNode]:

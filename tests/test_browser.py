@@ -59,13 +59,15 @@ def lab(tmp_path_factory):
     """A JupyterLab server on 127.0.0.1 with a random token, rooted at the repository."""
     port, token = _free_port(), secrets.token_hex(16)
     home = tmp_path_factory.mktemp("lab")
+    served = home / "course"
+    shutil.copytree(ROOT / "notebooks", served / "notebooks")  # JupyterLab saves what it opens
     settings = home / "settings" / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True)
     (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
     env = dict(os.environ, JUPYTERLAB_SETTINGS_DIR=str(home / "settings"), JUPYTERLAB_WORKSPACES_DIR=str(home / "ws"))
     proc = subprocess.Popen(
         [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={ROOT}", "--LabApp.expose_app_in_browser=True",
+         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={served}", "--LabApp.expose_app_in_browser=True",
          "--ServerApp.open_browser=False", "--allow-root"],
         stdout=subprocess.DEVNULL, stderr=open(home / "lab.log", "w"), env=env,  # noqa: SIM115
     )
@@ -100,13 +102,15 @@ def test_student_runs_the_lru_notebook_and_steps_the_slider(lab, browser) -> Non
     base, token = lab
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.goto(f"{base}/lab/tree/{NOTEBOOK}?token={token}", wait_until="domcontentloaded")
-    page.wait_for_function("() => window.jupyterapp && document.querySelector('.jp-Notebook .jp-Cell')", timeout=90_000)
+    # ready = the notebook's model is loaded and its own kernel is idle (the toolbar's indicator
+    # already reads idle before any kernel is attached, and a placeholder cell exists before loading)
     page.wait_for_function(
-        "() => { const s = document.querySelector('.jp-Notebook-ExecutionIndicator'); "
-        "return s && s.getAttribute('data-status') === 'idle'; }",
-        timeout=90_000,
+        """() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+                   const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
+                   return !!(w && w.context && w.context.isReady && k && k.status === 'idle'); }""",
+        timeout=120_000,
     )
-    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+    page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
     # done when every code cell shows an execution count and none is queued or running
     page.wait_for_function(
         """() => {
@@ -163,7 +167,7 @@ def test_static_site_page_plays_its_animation(browser, tmp_path) -> None:
         return {id: gd.id, active: gd._fullLayout.sliders[0].active,
                 data: JSON.stringify(gd.data.map(t => [t.x, t.y, t.text, t.marker && t.marker.color]))}; }"""
     before = page.evaluate(state_js)
-    page.locator(f"#{before['id']} .updatemenu-button").first.click()
+    page.locator(f'[id="{before["id"]}"] .updatemenu-button').first.click()
     page.wait_for_timeout(2500)
     after = page.evaluate(state_js)
     page.screenshot(path=str(SHOTS / "site_after_play.png"), full_page=False)
