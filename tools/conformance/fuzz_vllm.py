@@ -15,17 +15,15 @@ the scenario is shrunk to a short one that still differs, written as JSON
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import vllm_harness  # noqa: E402
+from fuzzing import fuzz, seed_range  # noqa: E402
 
-from kvlab.errors import ScenarioError  # noqa: E402
 from kvlab.replay import replay as kvlab_replay  # noqa: E402
 
 BLOCK_SIZES = (1, 2, 3, 4, 5, 8, 16)
@@ -107,61 +105,10 @@ def first_difference(scenario: dict[str, Any]) -> tuple[int, dict, dict] | None:
     return None
 
 
-def _still_differs(scenario: dict[str, Any]) -> bool:
-    try:
-        return first_difference(scenario) is not None
-    except (ScenarioError, KeyError):  # a cut left an append or free of a request never allocated
-        return False
-
-
-def shrink(scenario: dict[str, Any]) -> dict[str, Any]:
-    """Drop ops (in halves, then one by one, until nothing more goes) while the scenario still differs."""
-    found = first_difference(scenario)
-    assert found is not None
-    ops = scenario["ops"][: found[0] + 1]
-    config = scenario["config"]
-    while True:
-        before = len(ops)
-        chunk = max(1, len(ops) // 2)
-        while chunk >= 1:
-            i = 0
-            while i < len(ops):
-                trial = ops[:i] + ops[i + chunk:]
-                if trial and _still_differs({"config": config, "ops": trial}):
-                    ops = trial
-                else:
-                    i += chunk
-            chunk //= 2
-        if len(ops) == before:
-            return {"config": config, "ops": ops}
-
-
 def run(seeds: range, num_ops: int, out: Path | None = None, verbose: bool = False) -> int:
     """Fuzz ``seeds``; return the number of ops compared. Raises AssertionError on the first difference."""
-    total = 0
-    start = time.time()
-    for seed in seeds:
-        scenario = generate(seed, num_ops)
-        found = first_difference(scenario)
-        if found is not None:
-            small = shrink(scenario)
-            i, a, b = first_difference(small)
-            if out is not None:
-                out.write_text(json.dumps(small) + "\n")
-            raise AssertionError(
-                f"seed {seed}: kvlab differs from vLLM {vllm_harness.VERSION} at op {i} of the shrunk "
-                f"scenario{f' (written to {out})' if out else ''}:\n"
-                f"scenario: {json.dumps(small)}\nkvlab: {json.dumps(a)}\nvLLM:  {json.dumps(b)}"
-            )
-        total += len(scenario["ops"])
-        if verbose and (seed - seeds.start + 1) % 20 == 0:
-            print(f"  seeds {seeds.start}..{seed}: {total} ops agree ({time.time() - start:.0f} s)", flush=True)
-    return total
-
-
-def _seeds(text: str) -> range:
-    lo, _, hi = text.partition(":")
-    return range(int(lo), int(hi)) if hi else range(int(lo), int(lo) + 1)
+    return fuzz(seeds, num_ops, generate=generate, first_difference=first_difference,
+                engine=f"vLLM {vllm_harness.VERSION}", out=out, verbose=verbose)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.fetch:
         vllm_harness.fetch()
-    seeds = _seeds(args.seeds)
+    seeds = seed_range(args.seeds)
     try:
         total = run(seeds, args.ops, args.out, verbose=True)
     except AssertionError as exc:
