@@ -23,8 +23,8 @@ REPLAYERS = {
 }
 
 
-def load_scenario(text: str) -> tuple[dict[str, Any], list[Any]]:
-    """Parse scenario JSON into (config, ops); raise ScenarioError when its shape is wrong."""
+def load_scenario(text: str) -> tuple[str | None, dict[str, Any], list[Any]]:
+    """Parse scenario JSON into (model it names or None, config, ops); raise ScenarioError when its shape is wrong."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -36,13 +36,16 @@ def load_scenario(text: str) -> tuple[dict[str, Any], list[Any]]:
         raise ScenarioError(
             f"unknown top-level key(s) {sorted(unknown)}: a scenario has only 'config', 'ops' and an optional 'model'"
         )
+    model = data.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ScenarioError(f"'model' must be a string naming the model, got {model!r}")
     config = data.get("config", {})
     ops = data.get("ops")
     if not isinstance(config, dict):
         raise ScenarioError("'config' must be a JSON object")
     if not isinstance(ops, list):
         raise ScenarioError("'ops' must be a JSON list of operations")
-    return config, ops
+    return model, config, ops
 
 
 def check_model(named: object, model: str) -> None:
@@ -81,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
             text = sys.stdin.read()
         if args.model not in REPLAYERS:
             raise ScenarioError(f"unknown model {args.model!r}: use one of {', '.join(REPLAYERS)}")
-        config, ops = load_scenario(text)
-        check_model(json.loads(text).get("model"), args.model)
+        named, config, ops = load_scenario(text)
+        check_model(named, args.model)
         records = replay(args.model, config, ops)
     except KvlabError as exc:
         print(f"kvlab replay: {exc}", file=sys.stderr)

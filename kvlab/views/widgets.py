@@ -657,24 +657,16 @@ def _parse_scenario(scenario: object) -> tuple[str | None, dict[str, Any], list[
     """(the scenario's "model" field or None, config, ops); the rest is checked as the replay CLI does."""
     from kvlab.replay import load_scenario
 
-    if isinstance(scenario, str):
-        try:
-            data = json.loads(scenario)
-        except json.JSONDecodeError:
-            return (None, *load_scenario(scenario))  # load_scenario says where the JSON is broken
-    elif isinstance(scenario, dict):
-        data = scenario
-    else:
+    if isinstance(scenario, dict):
+        scenario = json.dumps(scenario)
+    elif not isinstance(scenario, str):
         raise ScenarioError(
             f'a scenario is a dict or JSON text {{"config": ..., "ops": [...]}}, got {type(scenario).__name__}'
         )
-    model = None
-    if isinstance(data, dict) and "model" in data:
-        model = data["model"]
-        if model not in MODELS:
-            raise ScenarioError(f"unknown scenario model {model!r}: use one of {', '.join(MODELS)}")
-        data = {k: v for k, v in data.items() if k != "model"}
-    return (model, *load_scenario(json.dumps(data)))
+    model, config, ops = load_scenario(scenario)
+    if model is not None and model not in MODELS:
+        raise ScenarioError(f"unknown scenario model {model!r}: use one of {', '.join(MODELS)}")
+    return model, config, ops
 
 
 def _build_model(model: str, config: dict[str, Any]) -> Any:
