@@ -2,7 +2,7 @@
 
 Runs one seeded trace of alloc / append / free operations (chat requests behind
 a few shared system prompts, in a pool small enough that cached blocks are
-evicted) through ``kvlab.prefix_cache.PrefixCache`` twice: once with its
+evicted) through ``kvlab.models.prefix_cache.PrefixCache`` twice: once with its
 doubly linked free queue, once with a free queue kept in a Python list, where
 taking a hit block out of the middle, or putting freed blocks at the front,
 moves or scans the whole list. Both must give the same results; the script
@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from kvlab.errors import OutOfBlocksError
-from kvlab.prefix_cache import Block, FreeBlockQueue, PrefixCache
+from kvlab.models.prefix_cache import Block, FreeBlockQueue, PrefixCache
 
 
 class ListFreeQueue(FreeBlockQueue):

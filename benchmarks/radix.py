@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kvlab.radix import RadixNode, RadixTree  # noqa: E402
+from kvlab.models.radix import RadixNode, RadixTree  # noqa: E402
 
 
 class RescanRadixTree(RadixTree):

@@ -27,9 +27,9 @@ import time
 
 import plotly.graph_objects as go
 
+from kvlab.core.snapshots import History
 from kvlab.errors import OutOfBlocksError
-from kvlab.prefix_cache import PrefixCache
-from kvlab.snapshots import History
+from kvlab.models.prefix_cache import PrefixCache
 from kvlab.views.figures import block_pool_spec, free_queue_spec, view_hints
 from kvlab.views.widgets import Stepper
 

@@ -24,9 +24,10 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
-from kvlab import contiguous, hashing, paged, prefix_cache, radix, utilization
-from kvlab.prefix_cache import PrefixCache
-from kvlab.snapshots import BlockPoolState, BlockState
+from kvlab.core import hashing
+from kvlab.core.snapshots import BlockPoolState, BlockState
+from kvlab.models import contiguous, paged, prefix_cache, radix, utilization
+from kvlab.models.prefix_cache import PrefixCache
 from kvlab.views import animations, figures
 from kvlab.views.widgets import Playground, Stepper
 
@@ -116,7 +117,8 @@ def renders() -> Iterator[Render]:
     yield from animation_frames("ex8_anim", animations.radix_animation(ex8.history), [2, 4, -1])
 
     # examples 9, 10, 13 and lesson 002: bars and lines
-    from kvlab import agents, fleet, layout, slots
+    from kvlab import fleet
+    from kvlab.server import agents, layout, slots
 
     ex9 = layout.example_9()
     yield "ex9_hit_rates", lambda: figures.hit_rate_figure(ex9, title="Prompt layout and hit rate (example 9)")

@@ -8,7 +8,7 @@ answer = [1, 2]
 check("06.1", answer)
 """,
     "06.2": """\
-from kvlab.hashing import hash_block, none_hash
+from kvlab.core.hashing import hash_block, none_hash
 
 
 def chain(tokens, block_size):

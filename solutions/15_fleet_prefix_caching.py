@@ -37,7 +37,7 @@ check("15.3", answer)
 # 1,999 // 16 = 124 blocks = 1,984 tokens cached, 16 computed (the first request computed 2,000).
 import random
 
-from kvlab.prefix_cache import PrefixCache
+from kvlab.models.prefix_cache import PrefixCache
 
 rng = random.Random(0)
 prompt = [rng.randrange(50_000) for _ in range(2000)]

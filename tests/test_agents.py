@@ -2,9 +2,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvlab.agents import AppendOnly, HistoryPolicy, KeepLast, SummarizeOnce, example_13, run_agent
 from kvlab.errors import InvalidArgumentError
-from kvlab.slots import SlotServer
+from kvlab.server.agents import AppendOnly, HistoryPolicy, KeepLast, SummarizeOnce, example_13, run_agent
+from kvlab.server.slots import SlotServer
 
 LESSON_LINES = [
     "append-only                        processed  10000 tokens, worst turn  2400, final prompt 10000",

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from kvlab.engine.chat_cli import main
+from kvlab.cli.chat import main
 
 torch = pytest.importorskip("torch")
 

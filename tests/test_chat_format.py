@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvlab.chat_format import (
+from kvlab.core.chat_format import (
     SPECIAL_TOKENS,
     Message,
     Tokenizer,
@@ -38,7 +38,7 @@ def test_ids_do_not_depend_on_call_order_or_instance():
 
 
 def test_ids_are_the_same_in_a_new_process():
-    code = "from kvlab.chat_format import Tokenizer; print(Tokenizer().encode('open the file, then run tests 42'))"
+    code = "from kvlab.core.chat_format import Tokenizer; print(Tokenizer().encode('open the file, then run tests 42'))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == str(Tokenizer().encode("open the file, then run tests 42"))
 

@@ -18,8 +18,8 @@ sys.path.insert(0, str(ROOT / "tools" / "conformance"))
 import sglang_harness  # noqa: E402
 import vllm_harness  # noqa: E402
 
-from kvlab.prefix_cache import example_7_scenario  # noqa: E402
-from kvlab.replay import replay  # noqa: E402
+from kvlab.cli.replay import replay  # noqa: E402
+from kvlab.models.prefix_cache import example_7_scenario  # noqa: E402
 
 needs_vllm = pytest.mark.skipif(
     not vllm_harness.available(),

@@ -7,9 +7,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from kvlab.contiguous import ContiguousPool, exact_fit, example_1, reserve_max
+from kvlab.core.snapshots import ContiguousState, Region
 from kvlab.errors import DuplicateRequestError, InvalidArgumentError, UnknownRequestError
-from kvlab.snapshots import ContiguousState, Region
+from kvlab.models.contiguous import ContiguousPool, exact_fit, example_1, reserve_max
 
 # ---------------------------------------------------------------- lesson example 1
 

@@ -2,10 +2,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kvlab.chat_format import Message, render  # noqa: E402
+from kvlab.core.chat_format import Message, render  # noqa: E402
 from kvlab.engine import Engine, ModelConfig, run_chat, tenant_probe, tenant_probe_demo  # noqa: E402
 from kvlab.errors import DuplicateRequestError, InvalidArgumentError  # noqa: E402
-from kvlab.slots import SlotServer  # noqa: E402
+from kvlab.server.slots import SlotServer  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -109,7 +109,7 @@ def test_weights_follow_the_seed():
 
 
 def test_slot_counters_match_the_slot_model_on_a_real_conversation():
-    """The engine's slot reuse gives kvlab.slots's cache_n for the same prompts and sampled tokens."""
+    """The engine's slot reuse gives kvlab.server.slots's cache_n for the same prompts and sampled tokens."""
     engine = Engine(cache="slot", max_model_len=512)
     server = SlotServer(1, cache_ram_mib=0)
     history = []

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 import kvlab.exercises as ex
-from kvlab.course import COURSE, compare_table
 from kvlab.errors import InvalidArgumentError, KvlabError
 from kvlab.exercises import core
+from kvlab.lessons.course import COURSE, compare_table
 
 ROOT = Path(__file__).resolve().parents[1]
 

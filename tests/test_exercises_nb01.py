@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import kvlab.exercises as ex
-from kvlab.contiguous import reserve_max
 from kvlab.exercises import core
+from kvlab.models.contiguous import reserve_max
 
 
 @pytest.fixture(autouse=True)

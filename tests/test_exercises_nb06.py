@@ -20,7 +20,7 @@ def test_notebook_06_exercises_are_registered_in_order():
 
 
 def test_06_checkers_name_the_mistake():
-    from kvlab.hashing import hash_block, none_hash
+    from kvlab.core.hashing import hash_block, none_hash
 
     assert ex.check("06.1", [1, 2]).right
     assert "parent of block 2" in ex.check("06.1", [1]).message

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 import kvlab.exercises as ex
-from kvlab.chat_format import Tokenizer
+from kvlab.core.chat_format import Tokenizer
 from kvlab.exercises import core
 from kvlab.exercises.nb10 import MESSAGES, _first_requests
-from kvlab.slots import EXAMPLE_SYSTEM, LESSON_APPEND_ONLY, SlotServer, replay_chat
+from kvlab.server.slots import EXAMPLE_SYSTEM, LESSON_APPEND_ONLY, SlotServer, replay_chat
 
 
 @pytest.fixture(autouse=True)

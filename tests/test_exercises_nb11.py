@@ -7,7 +7,7 @@ import pytest
 import kvlab.exercises as ex
 from kvlab.exercises import core
 from kvlab.exercises.nb11 import SIZE_SHAPE, _refused
-from kvlab.slot_files import header_bytes
+from kvlab.server.slot_files import header_bytes
 
 
 @pytest.fixture(autouse=True)

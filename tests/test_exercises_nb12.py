@@ -7,7 +7,7 @@ import pytest
 import kvlab.exercises as ex
 from kvlab.exercises import core
 from kvlab.exercises.nb12 import _ring_reuses, _smallest_ring_reuse
-from kvlab.swa import checkpoint_plan
+from kvlab.server.swa import checkpoint_plan
 
 
 @pytest.fixture(autouse=True)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 import kvlab.exercises as ex
-from kvlab.agents import AppendOnly, KeepLast, SummarizeOnce, run_agent
 from kvlab.exercises import core
 from kvlab.exercises.nb13 import _arguments, _clock_at_end, _clock_in_prefix
+from kvlab.server.agents import AppendOnly, KeepLast, SummarizeOnce, run_agent
 
 
 @pytest.fixture(autouse=True)

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvlab.core.hashing import block_hashes, hash_block, none_hash, short
 from kvlab.errors import InvalidArgumentError
-from kvlab.hashing import block_hashes, hash_block, none_hash, short
 
 BASE = [11, 12, 13, 14, 21, 22, 23, 24, 31, 32, 33, 34, 41, 42]
 
@@ -168,7 +168,7 @@ def test_short():
 
 
 def test_example_6_runner_reproduces_the_lesson() -> None:
-    from kvlab.hashing import example_6, short
+    from kvlab.core.hashing import example_6, short
 
     chains = {name: [short(h) for h in hashes] for name, hashes in example_6().items()}
     assert chains == {

@@ -3,7 +3,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvlab.errors import InvalidArgumentError
-from kvlab.layout import (
+from kvlab.server.layout import (
     SCHEMES,
     AgentSession,
     Segment,

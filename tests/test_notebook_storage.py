@@ -16,8 +16,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from kvlab.course import COURSE
 from kvlab.exercises import exercises
+from kvlab.lessons.course import COURSE
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
@@ -60,7 +60,7 @@ def test_names_follow_the_course_map():
     assert [nb.number for nb in COURSE] == [f"{i:02d}" for i in range(16)]
     for path in PATHS:
         assert path.name in names, (
-            f"{path.name}: notebooks are named as in kvlab.course.COURSE (NN_slug.ipynb)"
+            f"{path.name}: notebooks are named as in kvlab.lessons.course.COURSE (NN_slug.ipynb)"
         )
     numbers = [p.name[:2] for p in PATHS]
     assert len(numbers) == len(set(numbers)), "two notebooks share a number"

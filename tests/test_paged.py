@@ -9,14 +9,14 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from kvlab.core.hashing import block_hashes, short
 from kvlab.errors import (
     DuplicateRequestError,
     InvalidArgumentError,
     OutOfBlocksError,
     UnknownRequestError,
 )
-from kvlab.hashing import block_hashes, short
-from kvlab.paged import (
+from kvlab.models.paged import (
     UNKNOWN_TOKEN,
     BlockPool,
     Copy,

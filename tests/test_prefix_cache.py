@@ -1,4 +1,4 @@
-"""kvlab.prefix_cache: lesson examples 5 and 7, vLLM v1's own block-order expectations, invariants."""
+"""kvlab.models.prefix_cache: lesson examples 5 and 7, vLLM v1's own block-order expectations, invariants."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from kvlab.core.hashing import block_hashes
 from kvlab.errors import (
     DuplicateRequestError,
     InvalidArgumentError,
     OutOfBlocksError,
     UnknownRequestError,
 )
-from kvlab.hashing import block_hashes
-from kvlab.prefix_cache import HashLabels, PrefixCache, example_7
+from kvlab.models.prefix_cache import HashLabels, PrefixCache, example_7
 
 # ---------------------------------------------------------------------- lesson example 7
 

@@ -1,4 +1,4 @@
-"""kvlab.radix: SGLang's RadixCache behaviour, lesson example 8, invariants, bad input."""
+"""kvlab.models.radix: SGLang's RadixCache behaviour, lesson example 8, invariants, bad input."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from kvlab.core.snapshots import RadixNodeState, RadixState
 from kvlab.errors import InvalidArgumentError, KvlabError
-from kvlab.radix import RadixNode, RadixTree, example_8, format_tree
-from kvlab.snapshots import RadixNodeState, RadixState
+from kvlab.models.radix import RadixNode, RadixTree, example_8, format_tree
 
 # ---------------------------------------------------------------------- helpers
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from kvlab.replay import main
+from kvlab.cli.replay import main
 
 
 def run_cli(model: str, scenario: object, monkeypatch, capsys) -> tuple[int, str, str]:

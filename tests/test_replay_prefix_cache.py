@@ -1,4 +1,4 @@
-"""kvlab.prefix_cache_replay and ``python -m kvlab replay prefix-cache``."""
+"""kvlab.scenarios.prefix_cache and ``python -m kvlab replay prefix-cache``."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from kvlab.errors import ScenarioError
-from kvlab.prefix_cache import example_7_scenario
-from kvlab.prefix_cache_replay import replay
+from kvlab.models.prefix_cache import example_7_scenario
+from kvlab.scenarios.prefix_cache import replay
 
 ROOT = Path(__file__).resolve().parents[1]
 

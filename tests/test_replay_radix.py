@@ -1,4 +1,4 @@
-"""kvlab.radix_replay and ``python -m kvlab replay radix``: records, example 8, handles, bad scenarios."""
+"""kvlab.scenarios.radix and ``python -m kvlab replay radix``: records, example 8, handles, bad scenarios."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kvlab.errors import ScenarioError
-from kvlab.radix_replay import replay
+from kvlab.scenarios.radix import replay
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvlab.errors import InvalidArgumentError, SlotBusyError, SlotFileError
-from kvlab.slot_files import (
+from kvlab.server.slot_files import (
     LLAMA_8B,
     TINY_MODEL,
     ModelShape,
@@ -26,7 +26,7 @@ from kvlab.slot_files import (
     synthetic_kv,
     write_slot_file,
 )
-from kvlab.slots import SlotServer
+from kvlab.server.slots import SlotServer
 
 PREFIX = list(range(5000, 5748))  # the lesson's 748-token agent prefix
 
@@ -80,8 +80,8 @@ def test_restore_in_a_new_process(tmp_path):
     save_slot(s, 0, "agent-prefix.bin", directory=tmp_path)
     code = textwrap.dedent(
         f"""
-        from kvlab.slots import SlotServer
-        from kvlab.slot_files import restore_slot
+        from kvlab.server.slots import SlotServer
+        from kvlab.server.slot_files import restore_slot
         server = SlotServer(cache_ram_mib=0)
         res = restore_slot(server, 0, "agent-prefix.bin", directory={str(tmp_path)!r})
         rec = server.complete(list(range(5000, 5748)) + [1, 2, 3, 4, 5], max_tokens=2)

@@ -2,9 +2,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvlab.chat_format import Message, Tokenizer, render
+from kvlab.core.chat_format import Message, Tokenizer, render
 from kvlab.errors import DuplicateRequestError, InvalidArgumentError, SlotBusyError, UnknownRequestError
-from kvlab.slots import (
+from kvlab.server.slots import (
     EXAMPLE_MESSAGES,
     EXAMPLE_SYSTEM,
     LESSON_APPEND_ONLY,

@@ -3,7 +3,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvlab.errors import InvalidArgumentError, KvlabError
-from kvlab.swa import (
+from kvlab.server.swa import (
     EMPTY,
     Checkpoint,
     SwaConfig,

@@ -7,7 +7,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvlab.errors import InvalidArgumentError
-from kvlab.utilization import compare_utilization, example_3, fill_paged, fill_reserving, request_lengths
+from kvlab.models.utilization import (
+    compare_utilization,
+    example_3,
+    fill_paged,
+    fill_reserving,
+    request_lengths,
+)
 
 
 def test_example_3_lengths_come_from_java_random_5():

@@ -11,10 +11,11 @@ import plotly.graph_objects as go
 import plotly.io as pio
 import pytest
 
-from kvlab import contiguous, hashing, paged, prefix_cache, radix, utilization
+from kvlab.core import hashing
+from kvlab.core.snapshots import BlockPoolState, BlockState, ContiguousState, History, Region
 from kvlab.errors import InvalidArgumentError, KvlabError, UnknownRequestError
-from kvlab.prefix_cache import PrefixCache
-from kvlab.snapshots import BlockPoolState, BlockState, ContiguousState, History, Region
+from kvlab.models import contiguous, paged, prefix_cache, radix, utilization
+from kvlab.models.prefix_cache import PrefixCache
 from kvlab.views import (
     block_pool_animation,
     block_pool_figure,

@@ -7,8 +7,8 @@ import json
 import plotly.graph_objects as go
 import pytest
 
-from kvlab.agents import KeepLast, example_13, run_agent
 from kvlab.errors import InvalidArgumentError
+from kvlab.server.agents import KeepLast, example_13, run_agent
 from kvlab.views.agent_view import (
     AgentTurnsState,
     agent_turn_figure,
@@ -72,7 +72,7 @@ def test_prompt_split_figure_has_one_panel_per_run(runs):
 def test_agent_view_rejects_bad_input(runs):
     with pytest.raises(InvalidArgumentError, match="different numbers of turns"):
         agent_turns_history([run_agent(KeepLast(5)), run_agent(KeepLast(5), turns=3)])
-    with pytest.raises(InvalidArgumentError, match="not a kvlab.agents.AgentRun"):
+    with pytest.raises(InvalidArgumentError, match="not a kvlab.server.agents.AgentRun"):
         agent_turns_history({"x": [1, 2]})
     with pytest.raises(InvalidArgumentError, match="runs is empty"):
         prompt_split_figure({})

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from kvlab.agents import example_13
 from kvlab.errors import InvalidArgumentError
-from kvlab.swa import EMPTY, example_12, example_12_chat
+from kvlab.server.agents import example_13
+from kvlab.server.swa import EMPTY, example_12, example_12_chat
 from kvlab.views.agent_view import agent_turns_history
 from kvlab.views.swa_view import swa_animation, swa_figure, swa_hints, swa_spec, swa_stepper
 
@@ -107,7 +107,7 @@ def test_the_stepper_steps_through_the_history(chat):
 @pytest.mark.parametrize(
     "call, message",
     [
-        (lambda st: swa_spec("state"), "must be a kvlab.swa.SwaState"),
+        (lambda st: swa_spec("state"), "must be a kvlab.server.swa.SwaState"),
         (lambda st: swa_spec(st, reuse=(350, 400)), "cannot lie after the reuse point"),
         (lambda st: swa_spec(st, reuse=(350,)), "pair (n_past, threshold)"),
         (lambda st: swa_spec(st, checkpoint_rows=1), "holds 2 checkpoints"),

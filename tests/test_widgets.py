@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from kvlab import contiguous, paged, prefix_cache, radix
+from kvlab.cli.replay import replay
 from kvlab.errors import InvalidArgumentError, ScenarioError
-from kvlab.replay import replay
+from kvlab.models import contiguous, paged, prefix_cache, radix
 from kvlab.views import Playground, Stepper, stepper
 from kvlab.views.figures import STATUS_CODE, grid_shape
 
@@ -272,7 +272,7 @@ def test_a_block_pool_scenario_says_it_cannot_go_through_the_replay_cli(tmp_path
         Playground(num_blocks=3, block_size=4).load(scenario)  # a prefix-cache playground says which model
     path = tmp_path / "scenario.json"
     path.write_text(pg.to_json())
-    from kvlab.replay import main
+    from kvlab.cli.replay import main
 
     assert main(["prefix-cache", str(path)]) == 2  # the replay CLI refuses it, with a message, not a traceback
 

@@ -12,8 +12,8 @@ import subprocess
 
 import pytest
 
+from kvlab.core.workloads import JavaRandom, java_list_hash
 from kvlab.errors import InvalidArgumentError, KvlabError
-from kvlab.workloads import JavaRandom, java_list_hash
 
 SEEDS = [0, 1, 5, 42, -7, 123456789, 2**40 + 3, -(2**63), 2**63 - 1]
 BOUNDS = [1, 2, 7, 16, 1400, 1 << 20, (1 << 30) + 1, 2**31 - 1]
@@ -146,8 +146,8 @@ def test_shuffle_needs_a_list(items):
 def test_seed_outside_a_java_long_and_bad_bit_counts_are_rejected() -> None:
     import pytest
 
+    from kvlab.core.workloads import JavaRandom
     from kvlab.errors import InvalidArgumentError
-    from kvlab.workloads import JavaRandom
 
     with pytest.raises(InvalidArgumentError, match="Java long"):
         JavaRandom(2**63)

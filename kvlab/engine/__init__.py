@@ -6,7 +6,7 @@ Needs the ``engine`` extra (torch); the Triton kernel also needs ``triton``.
   (reference, torch and Triton implementations), plus ``slot_mapping`` and
   ``write_kv_cache``.
 * ``Engine`` -- a seeded random tiny transformer over a paged KV pool, whose
-  reuse is decided by ``kvlab.prefix_cache`` (``cache="blocks"``), a
+  reuse is decided by ``kvlab.models.prefix_cache`` (``cache="blocks"``), a
   llama-server slot (``"slot"``) or nothing (``"off"``).
 * ``run_chat`` -- the agent-like conversation behind ``python -m kvlab chat``.
 * ``tenant_probe`` / ``tenant_probe_demo`` -- the cross-tenant timing probe

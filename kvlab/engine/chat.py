@@ -1,13 +1,13 @@
 """An agent-like conversation on the tiny engine, turn by turn (lesson example 10, for real).
 
 Each turn renders the whole history plus a new user message with the ChatML
-template (``kvlab.chat_format``), sends it to the engine, and appends the
+template (``kvlab.core.chat_format``), sends it to the engine, and appends the
 reply's text to the history, the way the lesson's client did against
 llama-server. Per turn it reports what the server's response would:
 ``prompt_tokens``, ``cache_n`` (prompt tokens reused), ``prompt_n`` (prompt
 tokens computed) and the measured time to first token.
 
-The conversation is the lesson's (``kvlab.slots.EXAMPLE_SYSTEM`` and
+The conversation is the lesson's (``kvlab.server.slots.EXAMPLE_SYSTEM`` and
 ``EXAMPLE_MESSAGES``, cycled with a pass number after the fourth turn);
 ``system_tokens`` replaces the system prompt by one of exactly that many tokens;
 ``clock`` puts the lesson's "Time: 10:0M:00. " at its start, one minute later each turn.
@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from kvlab.chat_format import REPLY_WORDS, Message, render
+from kvlab.core.chat_format import REPLY_WORDS, Message, render
+from kvlab.core.workloads import JavaRandom
 from kvlab.engine.engine import Engine
 from kvlab.errors import InvalidArgumentError, check_int
-from kvlab.slots import EXAMPLE_MESSAGES, EXAMPLE_SYSTEM, clock_at_ten
-from kvlab.workloads import JavaRandom
+from kvlab.server.slots import EXAMPLE_MESSAGES, EXAMPLE_SYSTEM, clock_at_ten
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Three ways to decide what a new request may reuse (``cache=``):
 
 ``"blocks"``
-    vLLM's way: ``kvlab.prefix_cache.PrefixCache`` hashes the prompt's full
+    vLLM's way: ``kvlab.models.prefix_cache.PrefixCache`` hashes the prompt's full
     blocks, reuses the longest cached run (at most ``prompt - 1`` tokens, in
     whole blocks), allocates the rest, and caches every block that fills up.
     ``cache_salt`` keeps tenants apart. A decoded token enters the cache (is
@@ -13,7 +13,7 @@ Three ways to decide what a new request may reuse (``cache=``):
     llama-server's way with one slot (``-np 1 --cache-ram 0``): the slot keeps
     the tokens of the last request -- its prompt and every sampled token but
     the last -- and the next prompt reuses their longest common prefix, token by
-    token, capped at ``prompt - 1`` (see ``kvlab.slots``).
+    token, capped at ``prompt - 1`` (see ``kvlab.server.slots``).
 ``"off"``
     No reuse: every prompt is computed in full on fresh blocks.
 
@@ -32,11 +32,11 @@ from dataclasses import dataclass
 
 import torch
 
-from kvlab.chat_format import REPLY_WORDS, Tokenizer
+from kvlab.core.chat_format import REPLY_WORDS, Tokenizer
 from kvlab.engine.model import KVPool, ModelConfig, TinyTransformer
 from kvlab.errors import DuplicateRequestError, InvalidArgumentError, check_int, check_tokens
-from kvlab.prefix_cache import PrefixCache
-from kvlab.slots import common_prefix
+from kvlab.models.prefix_cache import PrefixCache
+from kvlab.server.slots import common_prefix
 
 CACHE_MODES = ("blocks", "slot", "off")
 
@@ -91,7 +91,7 @@ class Engine:
         if attention not in ("auto", "reference", "torch", "triton"):
             raise InvalidArgumentError(f"unknown attention {attention!r}: use auto, reference, torch or triton")
         if tokenizer is not None and not isinstance(tokenizer, Tokenizer):
-            raise InvalidArgumentError("tokenizer must be a kvlab.chat_format.Tokenizer")
+            raise InvalidArgumentError("tokenizer must be a kvlab.core.chat_format.Tokenizer")
         self.cache_mode = cache
         self.block_size = block_size
         self.max_model_len = max_model_len

@@ -8,7 +8,7 @@ nonsense, but every number is computed for real: what a prefix cache saves is
 real work, and a reused prefix must give the same logits as a recomputed one.
 
 Two simplifications keep it small and faithful to the course's tokenizer
-(``kvlab.chat_format``), whose ids are 31-bit hashes of the text pieces:
+(``kvlab.core.chat_format``), whose ids are 31-bit hashes of the text pieces:
 
 * the embedding has ``embedding_rows`` rows and id ``t`` uses row
   ``t % embedding_rows`` (the hashing trick), so no vocabulary file is needed;

@@ -25,10 +25,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvlab.chat_format import REPLY_WORDS, Message, render
+from kvlab.core.chat_format import REPLY_WORDS, Message, render
+from kvlab.core.workloads import JavaRandom
 from kvlab.engine.engine import Engine
 from kvlab.errors import InvalidArgumentError, check_int
-from kvlab.workloads import JavaRandom
 
 DEFAULT_CANDIDATES = ("alice", "bruno", "chen", "dana", "emeka", "farah")
 DEFAULT_SECRET = "dana"

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from kvlab.contiguous import reserve_max
 from kvlab.exercises.core import NotYet, exercise
+from kvlab.models.contiguous import reserve_max
 
 
 @exercise(

@@ -1,6 +1,6 @@
 """Exercises of notebook 01, contiguous allocation (lesson example 1).
 
-The expected answers come from ``kvlab.contiguous``; nothing here states them.
+The expected answers come from ``kvlab.models.contiguous``; nothing here states them.
 """
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from kvlab.contiguous import ContiguousPool, exact_fit, reserve_max
 from kvlab.exercises.core import NotYet, call, exercise
+from kvlab.models.contiguous import ContiguousPool, exact_fit, reserve_max
 
 LENGTHS = [300, 1200, 150, 700, 500]  # part one: real lengths of r0..r4
 SIZES = [1500, 600, 1800, 400, 2000, 1000]  # part two: exact sizes of q0..q5

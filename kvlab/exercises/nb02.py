@@ -1,6 +1,6 @@
 """Exercises of notebook 02, block tables (lesson example 2).
 
-The expected answers come from ``kvlab.paged.BlockPool``; nothing here states them.
+The expected answers come from ``kvlab.models.paged.BlockPool``; nothing here states them.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvlab.exercises.core import NotYet, call, exercise
-from kvlab.paged import BlockPool, example_2
+from kvlab.models.paged import BlockPool, example_2
 
 BLOCK = 16
 LENGTHS = [1, 16, 17, 64, 100, 2048]  # exercise 02.2

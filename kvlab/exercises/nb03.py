@@ -1,6 +1,6 @@
 """Exercises of notebook 03, utilization (lesson example 3).
 
-The expected answers come from ``kvlab.utilization``; nothing here states them.
+The expected answers come from ``kvlab.models.utilization``; nothing here states them.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvlab.exercises.core import NotYet, call, exercise
-from kvlab.utilization import fill_paged, request_lengths
+from kvlab.models.utilization import fill_paged, request_lengths
 
 TAIL_LENGTHS = [17, 32, 100, 1500, 9]  # exercise 03.1
 BIG_BLOCK = 256  # exercise 03.2

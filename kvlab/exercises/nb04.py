@@ -1,6 +1,6 @@
 """Exercises of notebook 04, copy-on-write (lesson example 4).
 
-The expected answers come from ``kvlab.paged`` (``parallel_sampling`` and ``BlockPool``); nothing here
+The expected answers come from ``kvlab.models.paged`` (``parallel_sampling`` and ``BlockPool``); nothing here
 states them.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvlab.exercises.core import NotYet, call, exercise
-from kvlab.paged import BlockPool, example_4, parallel_sampling
+from kvlab.models.paged import BlockPool, example_4, parallel_sampling
 
 PROMPT_LEN, SAMPLES = 50, 4  # exercise 04.1
 

@@ -1,6 +1,6 @@
 """Exercises of notebook 05, a shared system prompt (lesson example 5).
 
-The expected answers come from ``kvlab.paged.shared_prefix``; nothing here states them.
+The expected answers come from ``kvlab.models.paged.shared_prefix``; nothing here states them.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvlab.exercises.core import NotYet, call, exercise
-from kvlab.paged import shared_prefix, system_prompt_request
+from kvlab.models.paged import shared_prefix, system_prompt_request
 
 SYSTEM = 70
 REQUEST_1 = (SYSTEM, 20, 5000)  # (system prompt tokens, question tokens, first question token id)

@@ -1,15 +1,15 @@
 """Exercises of notebook 06, hash chains (lesson example 6).
 
-The expected answers come from ``kvlab.hashing`` and ``kvlab.prefix_cache``; nothing here states them.
+The expected answers come from ``kvlab.core.hashing`` and ``kvlab.models.prefix_cache``; nothing here states them.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from kvlab.core.hashing import LESSON_EXAMPLE_6_BASE, block_hashes
 from kvlab.exercises.core import NotYet, call, exercise
-from kvlab.hashing import LESSON_EXAMPLE_6_BASE, block_hashes
-from kvlab.prefix_cache import PrefixCache
+from kvlab.models.prefix_cache import PrefixCache
 
 EDITED_POSITION = 6  # exercise 06.1: this token of the base sequence becomes 99
 

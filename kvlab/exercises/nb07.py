@@ -1,6 +1,6 @@
 """Exercises of notebook 07, LRU eviction (lesson example 7).
 
-The expected answers come from ``kvlab.prefix_cache.PrefixCache``; nothing here states them.
+The expected answers come from ``kvlab.models.prefix_cache.PrefixCache``; nothing here states them.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 from kvlab.errors import OutOfBlocksError
 from kvlab.exercises.core import NotYet, call, exercise
-from kvlab.prefix_cache import EXAMPLE_7_REQUESTS, EXAMPLE_7_STEPS, HashLabels, PrefixCache
+from kvlab.models.prefix_cache import EXAMPLE_7_REQUESTS, EXAMPLE_7_STEPS, HashLabels, PrefixCache
 
 NEXT_REQUEST = ("a1", "f2", "f3")  # 07.2: request F after the lesson, once D has finished
 # 07.3: a pool of 8 blocks of 4 tokens; P (10 tokens) and Q (6 tokens) run, then P and Q finish

@@ -1,6 +1,6 @@
 """Exercises of notebook 08, the radix tree (lesson example 8).
 
-The expected answers come from ``kvlab.radix.RadixTree``; nothing here states them.
+The expected answers come from ``kvlab.models.radix.RadixTree``; nothing here states them.
 """
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from kvlab.exercises.core import NotYet, call, exercise
-from kvlab.paged import system_prompt_request
-from kvlab.radix import EXAMPLE_8_PROMPTS, EXAMPLE_8_REQUEST, RadixTree
+from kvlab.models.paged import system_prompt_request
+from kvlab.models.radix import EXAMPLE_8_PROMPTS, EXAMPLE_8_REQUEST, RadixTree
 
 # 08.1: four new requests, each matched against the tree the lesson's three inserts build
 NEW_REQUESTS = (

@@ -1,6 +1,6 @@
 """Exercises of notebook 09, prompt layout (lesson example 9).
 
-The expected answers come from ``kvlab.layout.run_layout``; nothing here states them.
+The expected answers come from ``kvlab.server.layout.run_layout``; nothing here states them.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from functools import lru_cache
 from typing import Any
 
 from kvlab.exercises.core import NotYet, exercise
-from kvlab.layout import (
+from kvlab.server.layout import (
     LESSON_LAYOUTS,
     AgentSession,
     LayoutRun,

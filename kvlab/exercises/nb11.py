@@ -1,6 +1,6 @@
 """Exercises of notebook 11, offload and slot files (lesson example 11).
 
-The expected answers come from ``kvlab.slot_files`` (file sizes, estimates, real save and restore
+The expected answers come from ``kvlab.server.slot_files`` (file sizes, estimates, real save and restore
 calls in a temporary directory); nothing here states them.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 
 from kvlab.errors import KvlabError
 from kvlab.exercises.core import NotYet, exercise
-from kvlab.slot_files import (
+from kvlab.server.slot_files import (
     LLAMA_8B,
     TINY_MODEL,
     ModelShape,
@@ -23,7 +23,7 @@ from kvlab.slot_files import (
     save_slot,
     slot_file_size,
 )
-from kvlab.slots import SlotServer
+from kvlab.server.slots import SlotServer
 
 SIZE_SHAPE = ModelShape(28, 4, 128, "f16")  # exercise 11.1: a 7B-class model with 4 KV heads
 SIZE_TOKENS = 2000

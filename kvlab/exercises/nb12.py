@@ -1,6 +1,6 @@
 """Exercises of notebook 12, sliding-window checkpoints (lesson example 12).
 
-The expected answers come from ``kvlab.swa`` (``SwaSlot``, ``checkpoint_plan``,
+The expected answers come from ``kvlab.server.swa`` (``SwaSlot``, ``checkpoint_plan``,
 ``checkpoint_usable``); nothing here states them.
 """
 
@@ -11,7 +11,7 @@ from functools import cache
 from typing import Any
 
 from kvlab.exercises.core import NotYet, exercise
-from kvlab.swa import Checkpoint, SwaConfig, SwaSlot, checkpoint_plan, checkpoint_usable
+from kvlab.server.swa import Checkpoint, SwaConfig, SwaSlot, checkpoint_plan, checkpoint_usable
 
 N_SWA = 128
 # 12.1: (checkpoint, n_past); D is made up: a copy of a ring that held only 50 positions

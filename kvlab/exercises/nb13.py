@@ -1,6 +1,6 @@
 """Exercises of notebook 13, agent history (lesson example 13).
 
-The expected answers come from ``kvlab.agents.run_agent`` with the lesson's
+The expected answers come from ``kvlab.server.agents.run_agent`` with the lesson's
 setup (20 turns, a 2,000-token prefix, 400-token tool results); nothing here
 states them.
 """
@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from kvlab.agents import AppendOnly, KeepLast, run_agent
 from kvlab.errors import KvlabError
 from kvlab.exercises.core import NotYet, call, exercise
+from kvlab.server.agents import AppendOnly, KeepLast, run_agent
 
 TURNS, PREFIX, RESULT = 20, 2000, 400
 KEEP = 3  # 13.1: keep the last 3 results

@@ -1,6 +1,6 @@
 """Exercises of notebook 15, prefix caching at fleet scale (lesson 002's "Try it").
 
-The expected answers come from ``kvlab.fleet`` and ``kvlab.prefix_cache``; nothing here states them.
+The expected answers come from ``kvlab.fleet`` and ``kvlab.models.prefix_cache``; nothing here states them.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 from kvlab.exercises.core import NotYet, exercise
 from kvlab.fleet import ChatTraffic, FleetConfig, chat_traffic, simulate
-from kvlab.prefix_cache import PrefixCache
+from kvlab.models.prefix_cache import PrefixCache
 
 TOLERANCE = 0.05  # percentage points: answers rounded to one decimal place are right
 

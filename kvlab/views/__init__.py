@@ -1,6 +1,6 @@
 """What a student looks at: plotly figures, kernel-free animations and live widgets over snapshots.
 
-Views only read ``kvlab.snapshots`` records; they never change a model.
+Views only read ``kvlab.core.snapshots`` records; they never change a model.
 
 * ``*_figure(state, ...)``: one figure per concept (contiguous pool, block
   pool with block tables, free queue, radix tree, hash chain, and bars/lines

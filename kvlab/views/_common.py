@@ -12,8 +12,8 @@ import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from kvlab.core.snapshots import History, Step
 from kvlab.errors import InvalidArgumentError
-from kvlab.snapshots import History, Step
 from kvlab.views.theme import INK, TEMPLATE_NAME
 
 Spec = dict[str, Any]
@@ -48,7 +48,7 @@ def steps_of(history: object, state_type: type | tuple[type, ...] | None = None)
 def check_state(name: str, state: object, state_type: type) -> None:
     if not isinstance(state, state_type):
         raise InvalidArgumentError(
-            f"{name} must be a kvlab.snapshots.{state_type.__name__}, got {type(state).__name__}; "
+            f"{name} must be a kvlab.core.snapshots.{state_type.__name__}, got {type(state).__name__}; "
             f"take one with model.snapshot() or from model.history"
         )
 

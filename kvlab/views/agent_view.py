@@ -1,6 +1,6 @@
 """Example 13's step-by-step view: each turn's prompt, split into cached and processed tokens, per policy.
 
-``kvlab.agents.run_agent`` returns per-turn records (``AgentTurn``) rather than
+``kvlab.server.agents.run_agent`` returns per-turn records (``AgentTurn``) rather than
 a history, so ``agent_turns_history(runs)`` first lines the runs up turn by
 turn: step 0 is before the first turn, step k the state after turn k of every
 policy at once. The figure has two panels:
@@ -25,9 +25,9 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from kvlab.agents import AgentRun, AgentTurn
+from kvlab.core.snapshots import History
 from kvlab.errors import InvalidArgumentError, check_int
-from kvlab.snapshots import History
+from kvlab.server.agents import AgentRun, AgentTurn
 from kvlab.views import theme
 from kvlab.views._common import Spec, base_layout, check_title, steps_of, title_text
 from kvlab.views.animations import DEFAULT_FRAME_MS, animate, step_caption
@@ -55,13 +55,13 @@ def _runs(runs: object) -> list[tuple[str, AgentRun]]:
         pairs = [(getattr(r, "name", f"run {i + 1}"), r) for i, r in enumerate(runs)]
     else:
         raise InvalidArgumentError(
-            f"runs must be a kvlab.agents.AgentRun, a list of them or a dict name -> AgentRun, got {type(runs).__name__}"
+            f"runs must be a kvlab.server.agents.AgentRun, a list of them or a dict name -> AgentRun, got {type(runs).__name__}"
         )
     if not pairs:
-        raise InvalidArgumentError("runs is empty: give at least one AgentRun (kvlab.agents.run_agent)")
+        raise InvalidArgumentError("runs is empty: give at least one AgentRun (kvlab.server.agents.run_agent)")
     for name, run in pairs:
         if not isinstance(run, AgentRun):
-            raise InvalidArgumentError(f"{name!r} is a {type(run).__name__}, not a kvlab.agents.AgentRun")
+            raise InvalidArgumentError(f"{name!r} is a {type(run).__name__}, not a kvlab.server.agents.AgentRun")
     lengths = {len(run.turns) for _, run in pairs}
     if len(lengths) != 1:
         raise InvalidArgumentError(f"the runs have different numbers of turns ({sorted(lengths)}); play the same turns")

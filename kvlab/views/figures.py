@@ -20,9 +20,9 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from kvlab import hashing
+from kvlab.core import hashing
+from kvlab.core.snapshots import BlockPoolState, BlockState, ContiguousState, RadixNodeState, RadixState
 from kvlab.errors import InvalidArgumentError, UnknownRequestError, check_int
-from kvlab.snapshots import BlockPoolState, BlockState, ContiguousState, RadixNodeState, RadixState
 from kvlab.views import theme
 from kvlab.views._common import (
     Spec,
@@ -960,7 +960,7 @@ def hash_chain_figure(chains: Mapping[str, Sequence[Any]], *, block_size: int | 
     """Example 6: chained block hashes per row; blocks whose hash differs from the first row's are marked.
 
     ``chains`` maps a row name to its digests (``bytes`` or hex strings, as
-    ``kvlab.hashing.block_hashes`` returns) or to its token ids (then give
+    ``kvlab.core.hashing.block_hashes`` returns) or to its token ids (then give
     ``block_size``; ``salts`` maps row names to a cache salt).
     """
     return go.Figure(hash_chain_spec(chains, block_size=block_size, scheme=scheme, salts=salts,
@@ -1131,8 +1131,8 @@ def tokens_per_turn_figure(series: Mapping[str, Any] | Sequence[Any], *, cumulat
 
     ``series`` maps a policy name to its per-turn counts: a list of numbers, a
     list of records with ``processed_tokens`` (or ``processed``, ``prompt_n``,
-    ``computed_tokens``), or a run with such ``turns`` (``kvlab.agents.example_13()``
-    and ``kvlab.layout.example_9()`` work as they are).
+    ``computed_tokens``), or a run with such ``turns`` (``kvlab.server.agents.example_13()``
+    and ``kvlab.server.layout.example_9()`` work as they are).
     """
     return per_turn_figure(series, y_title="tokens processed", title=title or "Tokens processed per turn",
                            value_fields=("turns", "processed_tokens", "processed", "prompt_n", "computed_tokens",
@@ -1214,7 +1214,7 @@ def utilization_figure(fills: Mapping[str, Any] | Sequence[Any], *, title: str |
     Each value is a record with the pool size (``pool_size``/``pool``), the
     tokens stored (``tokens_stored``/``stored``) and the slots held but unused
     (``wasted_slots``/``internal_fragmentation``/``wasted``; default 0), and
-    optionally ``requests``; ``kvlab.utilization.Fill`` objects work as they are.
+    optionally ``requests``; ``kvlab.models.utilization.Fill`` objects work as they are.
     """
     check_title(title)
     pairs = _named_values(fills, ("tokens_stored",), "fill")

@@ -1,6 +1,6 @@
 """Example 12's views: the SWA ring, the positions it covers, and the context checkpoints.
 
-One figure per ``kvlab.swa.SwaState`` snapshot, in two panels that share the
+One figure per ``kvlab.server.swa.SwaState`` snapshot, in two panels that share the
 story of a sliding-window slot:
 
 * **top, the SWA cells**: every cell of the local layers' cache, coloured by the
@@ -26,9 +26,9 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from kvlab.core.snapshots import History
 from kvlab.errors import InvalidArgumentError, check_int
-from kvlab.snapshots import History
-from kvlab.swa import EMPTY, SwaState
+from kvlab.server.swa import EMPTY, SwaState
 from kvlab.views import theme
 from kvlab.views._common import Spec, base_layout, check_title, legend_entry, steps_of, title_text
 from kvlab.views.animations import DEFAULT_FRAME_MS, animate, step_caption
@@ -55,7 +55,7 @@ _ROW_PX = 34
 def _check_swa_state(name: str, state: object) -> None:
     if not isinstance(state, SwaState):
         raise InvalidArgumentError(
-            f"{name} must be a kvlab.swa.SwaState, got {type(state).__name__}; take one from SwaSlot(...).history"
+            f"{name} must be a kvlab.server.swa.SwaState, got {type(state).__name__}; take one from SwaSlot(...).history"
         )
 
 

@@ -26,8 +26,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.basedatatypes import Undefined
 
+from kvlab.core.snapshots import BlockPoolState, ContiguousState, History, RadixState
 from kvlab.errors import InvalidArgumentError, KvlabError, OutOfBlocksError, ScenarioError, check_int
-from kvlab.snapshots import BlockPoolState, ContiguousState, History, RadixState
 from kvlab.views._common import Spec, steps_of, title_lines
 from kvlab.views.animations import step_caption
 from kvlab.views.figures import VIEW_SPECS, block_pool_spec, free_queue_spec, view_hints
@@ -297,10 +297,10 @@ MODELS = ("prefix-cache", "block-pool")
 class Playground(widgets.VBox):
     """Drive a block pool or a prefix cache by hand and watch the pool, the tables and the free queue.
 
-    ``model="prefix-cache"`` is ``kvlab.prefix_cache.PrefixCache`` (vLLM's
+    ``model="prefix-cache"`` is ``kvlab.models.prefix_cache.PrefixCache`` (vLLM's
     lazy eviction, free queue, hits); its scenario is exactly the replay CLI's
     JSON (``python -m kvlab replay prefix-cache``). ``model="block-pool"`` is
-    ``kvlab.paged.BlockPool`` with prefix sharing, fork and copy-on-write. The
+    ``kvlab.models.paged.BlockPool`` with prefix sharing, fork and copy-on-write. The
     replay CLI has no block-pool model (and no fork), so a block-pool scenario
     says so: it carries ``"model": "block-pool"`` beside ``config`` and
     ``ops``, the CLI refuses it, and it replays here instead
@@ -655,7 +655,7 @@ def _cfg_int(config: dict[str, Any], key: str) -> int:
 
 def _parse_scenario(scenario: object) -> tuple[str | None, dict[str, Any], list[dict[str, Any]]]:
     """(the scenario's "model" field or None, config, ops); the rest is checked as the replay CLI does."""
-    from kvlab.replay import load_scenario
+    from kvlab.cli.replay import load_scenario
 
     if isinstance(scenario, dict):
         scenario = json.dumps(scenario)
@@ -671,7 +671,7 @@ def _parse_scenario(scenario: object) -> tuple[str | None, dict[str, Any], list[
 
 def _build_model(model: str, config: dict[str, Any]) -> Any:
     """A recording model for ``config``; a bad config raises ScenarioError naming the key."""
-    from kvlab.hashing import SCHEMES
+    from kvlab.core.hashing import SCHEMES
 
     keys = {"prefix-cache": {"block_size", "num_blocks", "null_block", "hash"},
             "block-pool": {"block_size", "num_blocks", "share_prefixes", "hash"}}[model]  # fmt: skip
@@ -687,11 +687,11 @@ def _build_model(model: str, config: dict[str, Any]) -> Any:
             raise ScenarioError(f"config '{key}' must be true or false, got {config[key]!r}")
     try:
         if model == "prefix-cache":
-            from kvlab.prefix_cache import PrefixCache
+            from kvlab.models.prefix_cache import PrefixCache
 
             return PrefixCache(num_blocks, block_size, null_block=config.get("null_block", False),
                                hash_scheme=scheme, record=True)  # fmt: skip
-        from kvlab.paged import BlockPool
+        from kvlab.models.paged import BlockPool
 
         return BlockPool(num_blocks, block_size, share_prefixes=config.get("share_prefixes", True),
                          hash_scheme=scheme, record=True)  # fmt: skip

@@ -6,7 +6,7 @@
 Each seed makes one random scenario (page size 1 or more, prompts sharing
 prefixes, namespaces, matches that end inside runs, locks and unlocks -- some
 on a handle whose node is locked only through another handle's path -- and
-evictions of any size) and runs it through ``kvlab.replay.replay("radix", ...)``
+evictions of any size) and runs it through ``kvlab.cli.replay.replay("radix", ...)``
 and through ``sglang_harness`` (the real ``RadixCache``). Every field of every
 record must agree. On a difference the scenario is shrunk, written as JSON
 (``--out``), and both records are printed.
@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sglang_harness  # noqa: E402
 from fuzzing import fuzz, seed_range  # noqa: E402
 
-from kvlab.replay import replay as kvlab_replay  # noqa: E402
+from kvlab.cli.replay import replay as kvlab_replay  # noqa: E402
 
 PAGE_SIZES = (1, 1, 1, 2, 3, 4)
 EXTRA_KEYS = (None, None, None, None, "lora-a", "lora-b")

@@ -5,7 +5,7 @@
 
 Each seed makes one random scenario (pool size, block size, prompts that share
 prefixes, salts, appends, frees, probes, allocations the pool must refuse) and
-runs it through ``kvlab.replay.replay("prefix-cache", ...)`` with
+runs it through ``kvlab.cli.replay.replay("prefix-cache", ...)`` with
 ``null_block: true, hash: "vllm"`` and through ``vllm_harness`` (the real
 ``KVCacheManager``). Every field of every record must agree. On a difference
 the scenario is shrunk to a short one that still differs, written as JSON
@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import vllm_harness  # noqa: E402
 from fuzzing import fuzz, seed_range  # noqa: E402
 
-from kvlab.replay import replay as kvlab_replay  # noqa: E402
+from kvlab.cli.replay import replay as kvlab_replay  # noqa: E402
 
 BLOCK_SIZES = (1, 2, 3, 4, 5, 8, 16)
 SALTS = (None, None, None, None, "t1", "t2")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvlab.errors import InvalidArgumentError
-from kvlab.exercises.core import log_event
+from kvlab.lessons.log import log_event
 
 
 @dataclass(frozen=True)

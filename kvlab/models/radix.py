@@ -71,8 +71,8 @@ from collections.abc import Callable, Container, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain
 
+from kvlab.core.snapshots import History, RadixNodeState, RadixState
 from kvlab.errors import InvalidArgumentError, check_int, check_tokens
-from kvlab.snapshots import History, RadixNodeState, RadixState
 
 __all__ = [
     "Example8",

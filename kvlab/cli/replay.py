@@ -18,8 +18,8 @@ from typing import Any
 from kvlab.errors import KvlabError, ScenarioError
 
 REPLAYERS = {
-    "prefix-cache": "kvlab.prefix_cache_replay",
-    "radix": "kvlab.radix_replay",
+    "prefix-cache": "kvlab.scenarios.prefix_cache",
+    "radix": "kvlab.scenarios.radix",
 }
 
 

@@ -58,7 +58,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from kvlab import hashing
+from kvlab.core import hashing
+from kvlab.core.snapshots import BlockPoolState, BlockState, History
 from kvlab.errors import (
     DuplicateRequestError,
     InvalidArgumentError,
@@ -67,7 +68,6 @@ from kvlab.errors import (
     check_int,
     check_tokens,
 )
-from kvlab.snapshots import BlockPoolState, BlockState, History
 
 MAX_TOKEN_ID = 2**31 - 1
 
@@ -235,7 +235,7 @@ class PrefixCache:
 
     ``null_block=True`` reserves block 0 the way vLLM does (``num_blocks - 1``
     blocks are usable and ids match vLLM's); the default numbers blocks from 0
-    as the lesson does. ``hash_scheme`` picks the ``kvlab.hashing`` digest
+    as the lesson does. ``hash_scheme`` picks the ``kvlab.core.hashing`` digest
     ("lesson" or "vllm"); the cache's behaviour does not depend on it.
     ``record=True`` keeps a ``History`` with one step per successful call,
     probes included; a call that raises records nothing, like it changes nothing.

@@ -31,9 +31,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvlab.core.hashing import SCHEMES
 from kvlab.errors import KvlabError, OutOfBlocksError, ScenarioError
-from kvlab.hashing import SCHEMES
-from kvlab.prefix_cache import MAX_TOKEN_ID, PrefixCache
+from kvlab.models.prefix_cache import MAX_TOKEN_ID, PrefixCache
 
 CONFIG_KEYS = ("block_size", "num_blocks", "null_block", "hash")
 MAX_BLOCKS = 2**20  # a replay builds every block up front; a million is more than any scenario needs

@@ -113,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     other.add_argument(
         "--engine",
         action="store_true",
-        help="run through kvlab.prefix_cache (vLLM's pool: running work pins blocks)",
+        help="run through kvlab.models.prefix_cache (vLLM's pool: running work pins blocks)",
     )
     other.add_argument(
         "--concurrent", type=_integer(1), help="with --engine: chat requests in flight per replica"
@@ -125,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--hash",
         choices=HASH_SCHEMES,
         help="block keys: exact (default, fastest), sha256-repr (the lesson's), "
-        "lesson or vllm (kvlab.hashing); the numbers do not depend on it",
+        "lesson or vllm (kvlab.core.hashing); the numbers do not depend on it",
     )
     return parser
 
@@ -196,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = json.dumps([r.row() for r in results], indent=2) if args.json else format_table(results)
     if args.engine and not args.json:
         text += (
-            f"\nengine model (kvlab.prefix_cache): {load['concurrent']} chat request(s) in flight and "
+            f"\nengine model (kvlab.models.prefix_cache): {load['concurrent']} chat request(s) in flight and "
             f"{load['busy_blocks']:,} blocks held by other work, per replica"
         )
     try:

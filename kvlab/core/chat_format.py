@@ -24,8 +24,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from kvlab.core.workloads import JavaRandom, java_list_hash
 from kvlab.errors import InvalidArgumentError, KvlabError, check_int, check_tokens
-from kvlab.workloads import JavaRandom, java_list_hash
 
 SPECIAL_TOKENS: dict[str, int] = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2}
 FIRST_ORDINARY_ID = 16

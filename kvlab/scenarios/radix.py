@@ -1,4 +1,4 @@
-"""``python -m kvlab replay radix``: replay a scenario through ``kvlab.radix.RadixTree``.
+"""``python -m kvlab replay radix``: replay a scenario through ``kvlab.models.radix.RadixTree``.
 
 Config: ``{"page_size": 1}`` (optional, default 1). Ops, applied in order:
 
@@ -37,7 +37,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvlab.errors import InvalidArgumentError, KvlabError, ScenarioError, check_int, check_tokens
-from kvlab.radix import RadixNode, RadixTree
+from kvlab.models.radix import RadixNode, RadixTree
 
 CONFIG_KEYS = ("page_size",)
 OP_FIELDS = {

@@ -275,10 +275,10 @@ def save_slot(
     shape: ModelShape = TINY_MODEL, seed: int = 0,
 ) -> SlotActionResult:
     """``POST /slots/{slot_id}?action=save``: write the slot's tokens and (stand-in) KV to a file."""
-    from kvlab.slots import SlotServer
+    from kvlab.server.slots import SlotServer
 
     if not isinstance(server, SlotServer):
-        raise InvalidArgumentError("server must be a kvlab.slots.SlotServer")
+        raise InvalidArgumentError("server must be a kvlab.server.slots.SlotServer")
     tokens = server.slot_tokens(slot_id)
     if server.state().slots[slot_id].request_id is not None:
         raise SlotBusyError(f"slot {slot_id} is busy; save it when idle")
@@ -291,10 +291,10 @@ def restore_slot(
     server: object, slot_id: int, filename: str, *, directory: str | os.PathLike[str], shape: ModelShape = TINY_MODEL
 ) -> SlotActionResult:
     """``POST /slots/{slot_id}?action=restore``: load a file into an idle slot; nothing changes on error."""
-    from kvlab.slots import SlotServer
+    from kvlab.server.slots import SlotServer
 
     if not isinstance(server, SlotServer):
-        raise InvalidArgumentError("server must be a kvlab.slots.SlotServer")
+        raise InvalidArgumentError("server must be a kvlab.server.slots.SlotServer")
     server.slot_tokens(slot_id)  # validates the slot id
     if server.state().slots[slot_id].request_id is not None:
         raise SlotBusyError(f"slot {slot_id} is busy; restore it when idle")

@@ -57,8 +57,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from kvlab.core.snapshots import History
 from kvlab.errors import InvalidArgumentError, KvlabError, check_int, check_tokens
-from kvlab.snapshots import History
 
 EMPTY = -1
 

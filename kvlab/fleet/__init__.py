@@ -20,14 +20,14 @@ already cached but was not part of the hit is left where it is, as in the
 lesson (assigning an existing key of an ``OrderedDict`` keeps its position).
 
 Block keys. The lesson hashes ``sha256(parent digest + repr(block tokens))`` from
-a root of ``sha256(salt)``; ``kvlab.hashing`` lays the bytes out differently
+a root of ``sha256(salt)``; ``kvlab.core.hashing`` lays the bytes out differently
 (its ``"lesson"`` scheme is lesson 000's). The hits only depend on *which*
 blocks have equal keys, and any collision-free chain makes two keys equal
 exactly when the two whole prefixes (and salts) are equal, so every such chain
 gives the same table. The default scheme, ``"exact"``, interns ``(parent key,
 block tokens)`` as a small integer: equal by construction, never a collision,
 and much cheaper than SHA-256. ``hash_scheme`` selects ``"sha256-repr"`` (the
-lesson's own digests), ``"lesson"`` or ``"vllm"`` (``kvlab.hashing``) instead;
+lesson's own digests), ``"lesson"`` or ``"vllm"`` (``kvlab.core.hashing``) instead;
 tests check that all four give the same numbers, and the benchmark checks the
 six rows against SHA-256 chains.
 
@@ -39,7 +39,7 @@ random content is drawn once and shared by every scenario with the same users,
 turns, seed and system prompt.
 
 The engine model. The lesson's store is all cache: nothing runs in it. With
-``engine=True`` the same traffic goes through ``kvlab.prefix_cache.PrefixCache``,
+``engine=True`` the same traffic goes through ``kvlab.models.prefix_cache.PrefixCache``,
 vLLM's block pool, where the pool also holds the running requests and only
 blocks no request holds can be evicted (in vLLM's order: a freed request's tail
 first). With one request at a time and no eviction pressure it gives the
@@ -447,7 +447,7 @@ class _ExactKeys:
 
 
 class _DigestKeys:
-    """Real chained digests: the lesson's ``sha256(parent + repr(list))`` or a ``kvlab.hashing`` scheme."""
+    """Real chained digests: the lesson's ``sha256(parent + repr(list))`` or a ``kvlab.core.hashing`` scheme."""
 
     def __init__(self, scheme: str) -> None:
         self.scheme = scheme
@@ -455,12 +455,12 @@ class _DigestKeys:
     def root(self, salt: str | None) -> Key:
         if self.scheme == "sha256-repr":
             return hashlib.sha256((salt or "").encode()).digest()
-        from kvlab import hashing
+        from kvlab.core import hashing
 
         return hashing.none_hash(self.scheme)
 
     def extend(self, chain: _Chain, data: bytes) -> None:
-        from kvlab import hashing
+        from kvlab.core import hashing
 
         keys, step = chain.keys, chain.step
         parent = keys[-1] if keys else chain.root
@@ -720,7 +720,7 @@ def simulate_many(
 
     With ``engine=False`` (the default) each replica is the lesson's store: all
     of its capacity caches. With ``engine=True`` each replica is a
-    ``kvlab.prefix_cache.PrefixCache`` pool of its share of the blocks, vLLM's
+    ``kvlab.models.prefix_cache.PrefixCache`` pool of its share of the blocks, vLLM's
     design, where only blocks that no running request holds can be evicted:
 
     * a chat request allocates its prompt, then appends its answer (decode;
@@ -859,7 +859,7 @@ def _run_store(name: str, config: FleetConfig, requests: list[_Request]) -> Flee
 
 
 def _engine_model() -> Any:
-    from kvlab.prefix_cache import PrefixCache
+    from kvlab.models.prefix_cache import PrefixCache
 
     return PrefixCache
 

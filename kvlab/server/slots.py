@@ -32,7 +32,7 @@ prefix (LCP) of that list and its own prompt. This model follows
 
 Not modelled: ``--cache-reuse`` chunk shifting, context shift, the RAM cache's
 token-count limit, speculative decoding, multimodal chunks. Token ids are
-whatever the caller passes; ``kvlab.chat_format`` gives a deterministic tokenizer
+whatever the caller passes; ``kvlab.core.chat_format`` gives a deterministic tokenizer
 and ChatML template so conversations can be replayed (``replay_chat``).
 """
 
@@ -42,7 +42,9 @@ import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from kvlab.chat_format import Message, Tokenizer, render, reply_tokens
+from kvlab.core.chat_format import Message, Tokenizer, render, reply_tokens
+from kvlab.core.snapshots import History
+from kvlab.core.workloads import JavaRandom, java_list_hash
 from kvlab.errors import (
     DuplicateRequestError,
     InvalidArgumentError,
@@ -52,8 +54,6 @@ from kvlab.errors import (
     check_int,
     check_tokens,
 )
-from kvlab.snapshots import History
-from kvlab.workloads import JavaRandom, java_list_hash
 
 MIB = 1 << 20
 DEFAULT_CACHE_RAM_MIB = 8192

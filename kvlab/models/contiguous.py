@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kvlab.core.snapshots import ContiguousState, History, Region
 from kvlab.errors import DuplicateRequestError, InvalidArgumentError, UnknownRequestError, check_int
-from kvlab.snapshots import ContiguousState, History, Region
 
 
 def _check_request_id(request_id: object) -> str:

@@ -5,9 +5,9 @@ does not fit, as a first-come-first-served scheduler does (it does not skip
 ahead to a smaller request). Requests only arrive here; none finishes.
 
 * Reserving: every request gets a ``max_len``-slot region in a
-  ``kvlab.contiguous.ContiguousPool``; the unused part of each region is waste.
+  ``kvlab.models.contiguous.ContiguousPool``; the unused part of each region is waste.
 * Paged: every request takes ceil(length / block_size) blocks of a
-  ``kvlab.paged.BlockPool`` of ``pool_size // block_size`` blocks; the only
+  ``kvlab.models.paged.BlockPool`` of ``pool_size // block_size`` blocks; the only
   waste is the unused tail of each request's last block (at most
   block_size - 1 slots).
 """
@@ -17,11 +17,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvlab.contiguous import ContiguousPool
+from kvlab.core.snapshots import BlockPoolState, ContiguousState, History
+from kvlab.core.workloads import JavaRandom
 from kvlab.errors import InvalidArgumentError, check_int
-from kvlab.paged import BlockPool
-from kvlab.snapshots import BlockPoolState, ContiguousState, History
-from kvlab.workloads import JavaRandom
+from kvlab.models.contiguous import ContiguousPool
+from kvlab.models.paged import BlockPool
 
 
 @dataclass(frozen=True)

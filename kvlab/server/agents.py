@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from kvlab.errors import InvalidArgumentError, check_int, check_tokens
-from kvlab.slots import SlotServer, common_prefix
+from kvlab.server.slots import SlotServer, common_prefix
 
 
 @runtime_checkable
@@ -147,7 +147,7 @@ def run_agent(
     if not isinstance(name, str):
         raise InvalidArgumentError("name must be a string")
     if server is not None and not isinstance(server, SlotServer):
-        raise InvalidArgumentError("server must be a kvlab.slots.SlotServer or None")
+        raise InvalidArgumentError("server must be a kvlab.server.slots.SlotServer or None")
     prefix = tuple(range(prefix_tokens))
     results: list[tuple[int, ...]] = []
     prompts: list[list[int]] = []

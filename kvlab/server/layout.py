@@ -14,7 +14,7 @@ count a block as cached while every block so far was seen in an earlier turn,
 and remember every hash (nothing is evicted here). Two chains are available and
 give the same counts: ``scheme="java"`` ports the lesson's 64-bit chain
 (``h = h * 1_000_003 + List.hashCode(block)`` from 17, wrapping like a Java
-long), and ``"lesson"`` / ``"vllm"`` use ``kvlab.hashing``'s SHA-256 chains,
+long), and ``"lesson"`` / ``"vllm"`` use ``kvlab.core.hashing``'s SHA-256 chains,
 as a server does. SHA-256 makes a false hit practically impossible; the Java
 chain is only there to show the figures do not depend on the hash.
 
@@ -28,9 +28,9 @@ import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from kvlab import hashing
+from kvlab.core import hashing
+from kvlab.core.workloads import JavaRandom, java_list_hash
 from kvlab.errors import InvalidArgumentError, check_int, check_tokens
-from kvlab.workloads import JavaRandom, java_list_hash
 
 SCHEMES = ("java", "lesson", "vllm")
 _LONG = 1 << 64

@@ -17,7 +17,7 @@ introduced:
   full blocks are never written again, so they are never copied.
 * With ``share_prefixes=True`` a new sequence reuses full blocks whose whole
   prefix matches a block already in the pool (lesson example 5). Blocks are
-  keyed by ``kvlab.hashing`` chained hashes, so one key names the prefix
+  keyed by ``kvlab.core.hashing`` chained hashes, so one key names the prefix
   through that block; reuse stops at the first block that misses.
 
 Simplifications, said plainly: a freed block forgets its content at once (no
@@ -37,6 +37,8 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kvlab.core.hashing import SCHEMES, hash_block, none_hash, short
+from kvlab.core.snapshots import BlockPoolState, BlockState, History
 from kvlab.errors import (
     DuplicateRequestError,
     InvalidArgumentError,
@@ -45,8 +47,6 @@ from kvlab.errors import (
     check_int,
     check_tokens,
 )
-from kvlab.hashing import SCHEMES, hash_block, none_hash, short
-from kvlab.snapshots import BlockPoolState, BlockState, History
 
 UNKNOWN_TOKEN = -1
 """Placeholder id for a token written by count only (its id is not modelled)."""

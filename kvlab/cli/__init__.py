@@ -1,0 +1,1 @@
+"""The command-line tools behind ``python -m kvlab``."""

@@ -1,0 +1,1 @@
+"""llama-server and prompt models: slots, slot files, sliding-window checkpoints, prompt layout, agent history."""
