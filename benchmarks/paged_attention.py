@@ -150,7 +150,9 @@ def bench_shape(shape: Shape, device: str, reps: int, peak_gbps: float | None) -
     sdpa = sdpa_calls(shape, query, keys, values)
     impls = ["torch"] + (["triton"] if device == "cuda" and triton_available() else [])
     paged = {
-        f"paged {impl}": (lambda impl=impl: paged_attention(query, key_cache, value_cache, tables, seq_lens, impl=impl))
+        f"paged {impl}": (
+            lambda impl=impl: paged_attention(query, key_cache, value_cache, tables, seq_lens, impl=impl)
+        )
         for impl in impls
     }
     ref = sdpa["sdpa grouped"]().reshape(query.shape)
@@ -161,8 +163,10 @@ def bench_shape(shape: Shape, device: str, reps: int, peak_gbps: float | None) -
     base_name = min(sdpa, key=lambda n: times[n][steadier])
     base_wall, base_cpu = times[base_name]
     gb = shape.kv_bytes() / 1e9
-    print(f"\n{shape.name}  ({device}, {str(shape.dtype).replace('torch.', '')}, KV {gb * 1e3:.0f} MB, "
-          f"baseline = {base_name})")
+    print(
+        f"\n{shape.name}  ({device}, {str(shape.dtype).replace('torch.', '')}, KV {gb * 1e3:.0f} MB, "
+        f"baseline = {base_name})"
+    )
     head = f"  {'implementation':<18}{'ms/call':>10}{'vs SDPA':>9}{'GB/s':>9}"
     head += f"{'% peak':>8}" if peak_gbps else f"{'cpu ms':>10}{'cpu vs SDPA':>13}"
     print(head)
@@ -176,8 +180,10 @@ def bench_shape(shape: Shape, device: str, reps: int, peak_gbps: float | None) -
 
 
 def bench_ttft(system_tokens: int, turns: int) -> None:
-    print(f"\nTime to first token, tiny engine, {system_tokens}-token system prompt, {turns} turns "
-          f"(threads={torch.get_num_threads()})")
+    print(
+        f"\nTime to first token, tiny engine, {system_tokens}-token system prompt, {turns} turns "
+        f"(threads={torch.get_num_threads()})"
+    )
     for cache in ("slot", "blocks", "off"):
         engine = Engine(cache=cache, block_size=16, max_model_len=context_needed(turns, 8, system_tokens))
         rows = run_chat(engine, turns=turns, max_tokens=8, system_tokens=system_tokens)
@@ -191,15 +197,21 @@ def bench_ttft(system_tokens: int, turns: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads on the CPU (default 1)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch intra-op threads on the CPU (default 1)"
+    )
     parser.add_argument("--quick", action="store_true", help="small shapes only (a smoke run)")
     parser.add_argument("--skip-ttft", action="store_true")
     parser.add_argument("--gpu-only", action="store_true", help="skip the CPU shapes")
-    parser.add_argument("--peak-gbps", type=float, default=None, help="the GPU's peak memory bandwidth in GB/s")
+    parser.add_argument(
+        "--peak-gbps", type=float, default=None, help="the GPU's peak memory bandwidth in GB/s"
+    )
     parser.add_argument("--system-tokens", type=int, default=2000)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU thread(s), cuda={torch.cuda.is_available()}")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} CPU thread(s), cuda={torch.cuda.is_available()}"
+    )
     if not args.gpu_only:
         for shape in QUICK_CPU_SHAPES if args.quick else CPU_SHAPES:
             bench_shape(shape, "cpu", args.reps, None)

@@ -37,8 +37,11 @@ class RescanRadixTree(RadixTree):
 
     def evict(self, num_tokens: int) -> list[tuple[int, ...]]:
         self._begin_op()
-        heap = [(n.last_access, n.node_id, n) for n in self.nodes()
-                if not n.is_root and not n.children and n.lock_ref == 0]
+        heap = [
+            (n.last_access, n.node_id, n)
+            for n in self.nodes()
+            if not n.is_root and not n.children and n.lock_ref == 0
+        ]
         heapq.heapify(heap)
         freed = 0
         while freed < num_tokens and heap:
@@ -104,17 +107,25 @@ def run(tree: RadixTree, requests: list, capacity: int, num_ops: int, in_flight:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", type=int, default=100_000, help="tree calls in the trace (default 100000)")
-    parser.add_argument("--capacity", type=int, default=100_000, help="tokens the tree may hold (default 100000)")
-    parser.add_argument("--baseline-ops", type=int, default=20_000,
-                        help="calls for the side-by-side comparison with the rescan (default 20000)")
+    parser.add_argument(
+        "--capacity", type=int, default=100_000, help="tokens the tree may hold (default 100000)"
+    )
+    parser.add_argument(
+        "--baseline-ops",
+        type=int,
+        default=20_000,
+        help="calls for the side-by-side comparison with the rescan (default 20000)",
+    )
     args = parser.parse_args(argv)
     requests = make_trace(args.ops)
 
     tree = RadixTree(page_size=1)
     ops, seconds, evictions = run(tree, requests, args.capacity, args.ops)
     runs = sum(len(e) for e in evictions)
-    print(f"radix tree, {ops} ops on a chat trace ({len(evictions)} evict calls, {runs} leaves evicted; "
-          f"{tree.num_nodes} nodes and {tree.total_tokens} tokens at the end)")
+    print(
+        f"radix tree, {ops} ops on a chat trace ({len(evictions)} evict calls, {runs} leaves evicted; "
+        f"{tree.num_nodes} nodes and {tree.total_tokens} tokens at the end)"
+    )
     print(f"  {'kvlab':<30}{ops / seconds:>10,.0f} ops/s  {seconds:6.2f} s")
 
     side = {}

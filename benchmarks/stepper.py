@@ -107,10 +107,12 @@ def main() -> None:
     widgets = [go.FigureWidget(s) for s in specs(0)]
     push_wall, push_cpu = [], []
     for i in sample:
+
         def push(i: int = i) -> None:
             for fw, spec in zip(widgets, specs(i), strict=True):
                 with fw.batch_update():
                     fw.update(spec, overwrite=True)
+
         w, c = timed(push)
         push_wall.append(w)
         push_cpu.append(c)

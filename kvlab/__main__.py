@@ -10,7 +10,10 @@ import importlib
 import sys
 
 COMMANDS = {
-    "replay": ("kvlab.cli.replay", "Replay a JSON scenario through a model and print one JSON record per op."),
+    "replay": (
+        "kvlab.cli.replay",
+        "Replay a JSON scenario through a model and print one JSON record per op.",
+    ),
     "fleet": ("kvlab.cli.fleet", "Simulate prefix caching for a fleet of chat users (lesson 002)."),
     "chat": ("kvlab.cli.chat", "Run an agent-like chat on the tiny real engine and print cache counters."),
 }

@@ -81,8 +81,13 @@ def test_a_prompt_too_long_for_the_server_changes_nothing():
 def test_policies_pay_the_prompt_minus_the_reused_prefix(keep, after, prefix, result, turns):
     for policy in (AppendOnly(), KeepLast(keep), SummarizeOnce(after, summary_tokens=50)):
         plain = run_agent(policy, turns=turns, prefix_tokens=prefix, result_tokens=result)
-        served = run_agent(policy, turns=turns, prefix_tokens=prefix, result_tokens=result,
-                           server=SlotServer(1, n_ctx=20_000, cache_ram_mib=0))
+        served = run_agent(
+            policy,
+            turns=turns,
+            prefix_tokens=prefix,
+            result_tokens=result,
+            server=SlotServer(1, n_ctx=20_000, cache_ram_mib=0),
+        )
         for a, b in zip(plain.turns, served.turns, strict=True):
             assert a.processed_tokens == a.prompt_tokens - a.common_prefix
             assert b.processed_tokens == a.prompt_tokens - min(a.common_prefix, a.prompt_tokens - 1)

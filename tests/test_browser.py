@@ -33,7 +33,9 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.browser
 
 if CHROMIUM is None and not os.environ.get("CI"):
-    pytest.skip("Chromium is not installed (apt-get install chromium); CI installs it", allow_module_level=True)
+    pytest.skip(
+        "Chromium is not installed (apt-get install chromium); CI installs it", allow_module_level=True
+    )
 
 sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
 
@@ -64,12 +66,27 @@ def lab(tmp_path_factory):
     settings = home / "settings" / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True)
     (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
-    env = dict(os.environ, JUPYTERLAB_SETTINGS_DIR=str(home / "settings"), JUPYTERLAB_WORKSPACES_DIR=str(home / "ws"))
+    env = dict(
+        os.environ, JUPYTERLAB_SETTINGS_DIR=str(home / "settings"), JUPYTERLAB_WORKSPACES_DIR=str(home / "ws")
+    )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={served}", "--LabApp.expose_app_in_browser=True",
-         "--ServerApp.open_browser=False", "--allow-root"],
-        stdout=subprocess.DEVNULL, stderr=open(home / "lab.log", "w"), env=env,  # noqa: SIM115
+        [
+            sys.executable,
+            "-m",
+            "jupyter",
+            "lab",
+            "--no-browser",
+            "--ip=127.0.0.1",
+            f"--port={port}",
+            f"--IdentityProvider.token={token}",
+            f"--ServerApp.root_dir={served}",
+            "--LabApp.expose_app_in_browser=True",
+            "--ServerApp.open_browser=False",
+            "--allow-root",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=open(home / "lab.log", "w"),  # noqa: SIM115
+        env=env,
     )
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + 90
@@ -149,8 +166,19 @@ def test_static_site_page_plays_its_animation(browser, tmp_path) -> None:
     out = tmp_path / "site"
     stem = Path(NOTEBOOK).stem
     run = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "build_site.py"), "--out", str(out), "--only", stem, "--jobs", "1"],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            str(ROOT / "tools" / "build_site.py"),
+            "--out",
+            str(out),
+            "--only",
+            stem,
+            "--jobs",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert run.returncode == 0, run.stdout + run.stderr
     assert (out / "index.html").exists()

@@ -44,7 +44,11 @@ def test_blocks_mode_reuses_whole_blocks_capped_below_the_prompt(capsys):
 
 def test_a_clock_in_the_system_prompt_collapses_reuse(capsys):
     slot = run_json(capsys, "--clock", "--turns", "3")
-    assert [t["cache_n"] for t in slot] == [0, 10, 10]  # the lesson's run: "Time: 10:0" then the minute changes
+    assert [t["cache_n"] for t in slot] == [
+        0,
+        10,
+        10,
+    ]  # the lesson's run: "Time: 10:0" then the minute changes
     blocks = run_json(capsys, "--clock", "--turns", "3", "--cache", "blocks")
     assert [t["cache_n"] for t in blocks] == [0, 0, 0]
     off = run_json(capsys, "--turns", "2", "--cache", "off")

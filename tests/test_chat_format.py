@@ -25,7 +25,20 @@ def test_special_tokens_have_fixed_ids():
 
 def test_digits_are_single_tokens_and_a_clock_differs_in_one_digit():
     tok = Tokenizer()
-    assert Tokenizer.split("Time: 10:01:00.") == ["Time", ":", " ", "1", "0", ":", "0", "1", ":", "0", "0", "."]
+    assert Tokenizer.split("Time: 10:01:00.") == [
+        "Time",
+        ":",
+        " ",
+        "1",
+        "0",
+        ":",
+        "0",
+        "1",
+        ":",
+        "0",
+        "0",
+        ".",
+    ]
     a, b = tok.encode("Time: 10:00:00."), tok.encode("Time: 10:01:00.")
     first_diff = next(i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y)
     assert first_diff == 7  # "Time", ":", " ", "1", "0", ":", "0" match, then the minute digit
@@ -53,7 +66,10 @@ def test_decode_inverts_encode(text):
 
 def test_render_is_chatml():
     msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "hi"}]
-    assert render_text(msgs) == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        render_text(msgs)
+        == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    )
     assert render_text(msgs, add_generation_prompt=False).endswith("hi<|im_end|>\n")
 
 
@@ -69,7 +85,9 @@ def test_rendering_per_message_equals_tokenizing_the_whole_text(pairs):
     assert list(rp.tokens) == tok.encode(render_text(msgs))
     for span, m in zip(rp.spans, msgs, strict=True):
         assert rp.tokens[span.start] == SPECIAL_TOKENS["<|im_start|>"]
-        assert tok.decode(rp.tokens[span.start : span.start + span.length]) == render_text([m], add_generation_prompt=False)
+        assert tok.decode(rp.tokens[span.start : span.start + span.length]) == render_text(
+            [m], add_generation_prompt=False
+        )
     assert rp.user_starts == tuple(s.start for s in rp.spans if s.role == "user")
 
 
@@ -80,7 +98,9 @@ def test_a_reply_tokenizes_back_to_the_same_ids_inside_the_history():
     assert len(gen) == 8
     assert reply_tokens(tok, prompt.tokens, 8) == gen  # greedy: same prompt, same reply
     text = tok.decode(gen)
-    nxt = render([Message("user", "List the files."), Message("assistant", text), Message("user", "next")], tok)
+    nxt = render(
+        [Message("user", "List the files."), Message("assistant", text), Message("user", "next")], tok
+    )
     assert nxt.tokens[: len(prompt) + 8] == prompt.tokens + tuple(gen)
 
 

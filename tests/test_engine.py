@@ -114,11 +114,19 @@ def test_slot_counters_match_the_slot_model_on_a_real_conversation():
     server = SlotServer(1, cache_ram_mib=0)
     history = []
     for i, text in enumerate(["List the files.", "Open the main file.", "Run the tests.", "Fix it."]):
-        msgs = [Message("system", f"Time: 10:0{i // 2}:00. You are an agent."), *history, Message("user", text)]
+        msgs = [
+            Message("system", f"Time: 10:0{i // 2}:00. You are an agent."),
+            *history,
+            Message("user", text),
+        ]
         prompt = list(render(msgs, engine.tokenizer).tokens)
         got = engine.generate(prompt, max_tokens=4)
         want = server.complete(prompt, max_tokens=4, generated=list(got.output_tokens))
-        assert (got.prompt_tokens, got.cache_n, got.prompt_n) == (want.prompt_tokens, want.cache_n, want.prompt_n)
+        assert (got.prompt_tokens, got.cache_n, got.prompt_n) == (
+            want.prompt_tokens,
+            want.cache_n,
+            want.prompt_n,
+        )
         history += [Message("user", text), Message("assistant", engine.decode_text(got.output_tokens))]
 
 

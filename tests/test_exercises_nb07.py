@@ -58,7 +58,11 @@ def test_release():
         return list(queue) + [b for b in reversed(table) if counts[b] == 1]
 
     def frees_shared(queue, table, counts, hashed):
-        return [b for b in reversed(table) if b not in hashed] + list(queue) + [b for b in reversed(table) if b in hashed]
+        return (
+            [b for b in reversed(table) if b not in hashed]
+            + list(queue)
+            + [b for b in reversed(table) if b in hashed]
+        )
 
     assert "another order" in ex.check("07.4", all_to_back).message
     assert "still held by another request" in ex.check("07.4", frees_shared).message

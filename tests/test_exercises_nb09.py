@@ -27,11 +27,23 @@ def test_place_the_timestamp():
     before_message = ["system prompt", "tools", "history", "timestamp", "new message"]
     assert "is close" in ex.check("09.1", before_message).message
     assert "first block" in ex.check("09.1", ["timestamp", *STABLE_THEN_STAMP[:-1]]).message
-    assert "fixed part after it" in ex.check("09.1", ["system prompt", "history", "tools", "new message", "timestamp"]).message
-    assert "before the history" in ex.check("09.1", ["system prompt", "tools", "timestamp", "history", "new message"]).message
-    assert "new message differs" in ex.check("09.1", ["system prompt", "tools", "new message", "history", "timestamp"]).message
+    assert (
+        "fixed part after it"
+        in ex.check("09.1", ["system prompt", "history", "tools", "new message", "timestamp"]).message
+    )
+    assert (
+        "before the history"
+        in ex.check("09.1", ["system prompt", "tools", "timestamp", "history", "new message"]).message
+    )
+    assert (
+        "new message differs"
+        in ex.check("09.1", ["system prompt", "tools", "new message", "history", "timestamp"]).message
+    )
     assert "exactly once" in ex.check("09.1", ["system prompt", "tools", "history"]).message
-    assert "Unknown segment" in ex.check("09.1", ["system", "tools", "history", "new message", "timestamp"]).message
+    assert (
+        "Unknown segment"
+        in ex.check("09.1", ["system", "tools", "history", "new message", "timestamp"]).message
+    )
     assert "as strings" in ex.check("09.1", [1, 2, 3, 4, 5]).message
 
 

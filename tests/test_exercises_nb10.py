@@ -22,7 +22,9 @@ def test_notebook_10_has_three_exercises():
 
 
 def test_the_notebooks_messages_give_the_lessons_prompt_sizes():
-    turns = replay_chat(MESSAGES, system=EXAMPLE_SYSTEM, server=SlotServer(1, cache_ram_mib=0), tokenizer=Tokenizer())
+    turns = replay_chat(
+        MESSAGES, system=EXAMPLE_SYSTEM, server=SlotServer(1, cache_ram_mib=0), tokenizer=Tokenizer()
+    )
     assert [t.counters for t in turns] == list(LESSON_APPEND_ONLY)
 
 

@@ -23,9 +23,14 @@ def test_notebook_12_has_four_exercises():
 def test_usable_or_not():
     assert ex.check("12.1", [True, False, True, False]).right
     assert ex.check("12.1", (True, False, True, False)).right
-    assert "B: it ends at 1836, after the reuse point 1400" in ex.check("12.1", [True, True, True, False]).message
+    assert (
+        "B: it ends at 1836, after the reuse point 1400"
+        in ex.check("12.1", [True, True, True, False]).message
+    )
     assert "C: it starts at position 0" in ex.check("12.1", [True, False, False, False]).message
-    assert "D: continuing at 350 needs positions from 222" in ex.check("12.1", [True, False, True, True]).message
+    assert (
+        "D: continuing at 350 needs positions from 222" in ex.check("12.1", [True, False, True, True]).message
+    )
     assert "True or False" in ex.check("12.1", [1, 0, 1, 0]).message
     assert "True or False" in ex.check("12.1", [True, False, True]).message
 

@@ -65,9 +65,13 @@ def test_policies_that_break_a_rule_are_told_which():
     assert "the budget is 6,000" in ex.check("13.3", compacting(8)).message
     assert "the budget is 6,000" in ex.check("13.3", AppendOnly()).message
     assert "Turn 11's prompt has 6,400 tokens" in ex.check("13.3", SummarizeOnce(12)).message
-    assert "last 3 results" in ex.check("13.3", SummarizeOnce(6)).message  # turn 7 keeps only the newest result
+    assert (
+        "last 3 results" in ex.check("13.3", SummarizeOnce(6)).message
+    )  # turn 7 keeps only the newest result
     assert "last 2 results" in ex.check("13.3", KeepLast(1)).message
-    assert "whole fixed prefix" in ex.check("13.3", lambda p, r: list(p)[1:] + [t for x in r for t in x]).message
+    assert (
+        "whole fixed prefix" in ex.check("13.3", lambda p, r: list(p)[1:] + [t for x in r for t in x]).message
+    )
     assert "list of token ids" in ex.check("13.3", lambda p, r: 5).message
 
 

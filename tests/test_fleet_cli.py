@@ -87,7 +87,9 @@ def test_engine_options(capsys):
         simulate(SMALL, engine=True, concurrent=2, busy_blocks=400).row()
     ]
     code, out, _ = run(capsys, *SMALL_ARGS, "--engine")
-    assert code == 0 and out.splitlines()[-1].startswith("engine model (kvlab.models.prefix_cache): 1 chat request")
+    assert code == 0 and out.splitlines()[-1].startswith(
+        "engine model (kvlab.models.prefix_cache): 1 chat request"
+    )
     code, out, _ = run(capsys, *SMALL_ARGS, "--hash", "sha256-repr", "--json")
     assert json.loads(out) == [simulate(SMALL).row()]
 

@@ -70,7 +70,9 @@ def test_a_layout_of_your_own():
     run = run_layout(layout, name="date after rules", turns=5)
     assert [t.cached_tokens for t in run.turns] == [0, 96, 96, 96, 96]
     assert all(t.changed_segment == "date" for t in run.turns[1:])
-    better = run_layout([fixed("rules", range(1000, 1100)), history(), per_turn("date", lambda t: [7000 + t])], turns=5)
+    better = run_layout(
+        [fixed("rules", range(1000, 1100)), history(), per_turn("date", lambda t: [7000 + t])], turns=5
+    )
     assert better.hit_rate > run.hit_rate
     custom = Segment("notes", lambda session, turn: session.system()[:20])
     assert run_layout([custom], turns=2).turns[1].cached_tokens == 16
@@ -121,14 +123,22 @@ def test_a_failed_run_leaves_the_session_untouched():
     before = session.random.next_int(), session.history[:]
     session = AgentSession()
     with pytest.raises(InvalidArgumentError, match="turn 3"):
-        run_layout([tool_definitions(shuffled=True), history(), per_turn("bad", lambda t: [1] if t < 3 else 1 / 0)], session=session)
+        run_layout(
+            [tool_definitions(shuffled=True), history(), per_turn("bad", lambda t: [1] if t < 3 else 1 / 0)],
+            session=session,
+        )
     assert (session.random.next_int(), session.history) == before
 
 
 parts = st.sampled_from(["system", "tools", "shuffled", "history", "message", "timestamp", "rules"])
 MAKERS = {
-    "system": system_prompt, "tools": tool_definitions, "shuffled": lambda: tool_definitions(shuffled=True),
-    "history": history, "message": new_message, "timestamp": timestamp, "rules": lambda: fixed("rules", range(64)),
+    "system": system_prompt,
+    "tools": tool_definitions,
+    "shuffled": lambda: tool_definitions(shuffled=True),
+    "history": history,
+    "message": new_message,
+    "timestamp": timestamp,
+    "rules": lambda: fixed("rules", range(64)),
 }
 
 

@@ -21,7 +21,9 @@ def one_thread():
     torch.set_num_threads(old)
 
 
-def make_case(lens, block_size, num_kv_heads, group, head_dim=32, dtype=torch.float32, seed=0, spare_blocks=3):
+def make_case(
+    lens, block_size, num_kv_heads, group, head_dim=32, dtype=torch.float32, seed=0, spare_blocks=3
+):
     """Dense per-sequence K/V scattered into shuffled physical blocks; unused table entries hold garbage."""
     gen = torch.Generator().manual_seed(seed)
     num_heads = num_kv_heads * group
@@ -70,7 +72,9 @@ LENS = [1, 7, 16, 17, 100, 300, 1100]  # 1100 tokens span several tiles of the t
 @pytest.mark.parametrize("group", [1, 4, 8])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_decode_matches_float64_dense_attention(impl, block_size, group, dtype):
-    q, kc, vc, bt, sl, keys, values = make_case(LENS, block_size, 2, group, dtype=dtype, seed=block_size + group)
+    q, kc, vc, bt, sl, keys, values = make_case(
+        LENS, block_size, 2, group, dtype=dtype, seed=block_size + group
+    )
     out = paged_attention(q, kc, vc, bt, sl, impl=impl)
     assert out.dtype == dtype and out.shape == q.shape
     torch.testing.assert_close(out.double(), dense_f64(q, keys, values), atol=TOLERANCE[dtype], rtol=0)
@@ -86,7 +90,9 @@ def test_torch_decode_in_bfloat16_and_float64():
 def test_auto_is_torch_on_the_cpu_and_scale_is_used():
     q, kc, vc, bt, sl, keys, values = make_case([5, 33], 16, 1, 2)
     auto = paged_attention(q, kc, vc, bt, sl, scale=0.3)
-    torch.testing.assert_close(auto, paged_attention(q, kc, vc, bt, sl, scale=0.3, impl="torch"), atol=0, rtol=0)
+    torch.testing.assert_close(
+        auto, paged_attention(q, kc, vc, bt, sl, scale=0.3, impl="torch"), atol=0, rtol=0
+    )
     torch.testing.assert_close(auto.double(), dense_f64(q, keys, values, scale=0.3), atol=1e-5, rtol=0)
 
 
@@ -122,7 +128,13 @@ def test_torch_walk_equals_the_reference_on_random_shapes(lens, block_size, grou
 
 def test_no_sequences_gives_an_empty_result():
     kc = torch.zeros(2, 4, 1, 8)
-    out = paged_attention(torch.zeros(0, 2, 8), kc, kc.clone(), torch.zeros(0, 1, dtype=torch.int32), torch.zeros(0, dtype=torch.int32))
+    out = paged_attention(
+        torch.zeros(0, 2, 8),
+        kc,
+        kc.clone(),
+        torch.zeros(0, 1, dtype=torch.int32),
+        torch.zeros(0, dtype=torch.int32),
+    )
     assert out.shape == (0, 2, 8)
 
 
@@ -196,7 +208,9 @@ def test_prefill_writes_through_the_slot_mapping_and_attends_causally(impl, bloc
     # every token's K/V is now in the pool, where decode reads it
     q_next = torch.randn(len(total), hkv * group, dim, generator=gen).to(dtype)
     decoded = paged_attention(q_next, kc, vc, tables, torch.tensor(total), impl="torch")
-    torch.testing.assert_close(decoded.double(), dense_f64(q_next, keys, values), atol=TOLERANCE[dtype], rtol=0)
+    torch.testing.assert_close(
+        decoded.double(), dense_f64(q_next, keys, values), atol=TOLERANCE[dtype], rtol=0
+    )
 
 
 # ---------------------------------------------------------------- bad input
@@ -267,8 +281,14 @@ def test_a_rejected_prefill_writes_nothing():
     ]
     for change, message in cases:
         args = {
-            "query": q, "key": k, "value": k.clone(), "key_cache": kc, "value_cache": vc,
-            "block_tables": tables, "seq_lens": torch.tensor([5]), "query_lens": torch.tensor([3]),
+            "query": q,
+            "key": k,
+            "value": k.clone(),
+            "key_cache": kc,
+            "value_cache": vc,
+            "block_tables": tables,
+            "seq_lens": torch.tensor([5]),
+            "query_lens": torch.tensor([3]),
         } | change
         with pytest.raises(InvalidArgumentError, match=message):
             paged_prefill(**args)

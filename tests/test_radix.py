@@ -54,8 +54,13 @@ def oracle_evict(state: RadixState, num_tokens: int) -> list[tuple[int, ...]]:
     stack: list[tuple[RadixNodeState, int | None]] = [(state.root, None)]
     while stack:
         node, parent = stack.pop()
-        nodes[node.node_id] = {"key": node.key, "lock": node.lock_ref, "t": node.last_access, "parent": parent,
-                               "kids": {c.node_id for c in node.children}}
+        nodes[node.node_id] = {
+            "key": node.key,
+            "lock": node.lock_ref,
+            "t": node.last_access,
+            "parent": parent,
+            "kids": {c.node_id for c in node.children},
+        }
         stack.extend((c, node.node_id) for c in node.children)
     freed, runs = 0, []
     while freed < num_tokens:
@@ -73,8 +78,14 @@ def oracle_evict(state: RadixState, num_tokens: int) -> list[tuple[int, ...]]:
 
 
 def unchanged_probe(tree: RadixTree) -> tuple:
-    return (tree.snapshot(), tree.clock, tree.num_nodes, frozenset(tree.allocator.in_use),
-            tree.allocator.allocated_total, tree.allocator.freed_total)
+    return (
+        tree.snapshot(),
+        tree.clock,
+        tree.num_nodes,
+        frozenset(tree.allocator.in_use),
+        tree.allocator.allocated_total,
+        tree.allocator.freed_total,
+    )
 
 
 # ---------------------------------------------------------------------- lesson example 8
@@ -83,10 +94,14 @@ def unchanged_probe(tree: RadixTree) -> tuple:
 def test_example_8_tree_after_three_inserts():
     ex = example_8()
     assert shape(ex.tree_after_inserts) == [
-        [[1, 2, 3, 4, 5, 6], 0, [
-            [[10, 11], 0, [[[30, 31], 0, []]]],
-            [[20, 21, 22], 0, []],
-        ]],
+        [
+            [1, 2, 3, 4, 5, 6],
+            0,
+            [
+                [[10, 11], 0, [[[30, 31], 0, []]]],
+                [[20, 21, 22], 0, []],
+            ],
+        ],
     ]
     assert ex.token_entries == 13 and ex.prompt_tokens == 27
 
@@ -112,8 +127,14 @@ def test_example_8_match_lock_evict():
 
 def test_example_8_by_hand_through_the_api():
     tree = RadixTree()
-    assert [tree.insert(p) for p in ([1, 2, 3, 4, 5, 6, 10, 11], [1, 2, 3, 4, 5, 6, 20, 21, 22],
-                                      [1, 2, 3, 4, 5, 6, 10, 11, 30, 31])] == [0, 6, 8]
+    assert [
+        tree.insert(p)
+        for p in (
+            [1, 2, 3, 4, 5, 6, 10, 11],
+            [1, 2, 3, 4, 5, 6, 20, 21, 22],
+            [1, 2, 3, 4, 5, 6, 10, 11, 30, 31],
+        )
+    ] == [0, 6, 8]
     hit = tree.match([1, 2, 3, 4, 5, 6, 20, 21, 22, 40])
     assert hit.matched_len == 9 and hit.node.key == (20, 21, 22) and len(hit.values) == 9
     assert tree.lock(hit.node) == -9

@@ -19,8 +19,11 @@ def run_cli(model: str, scenario: object, monkeypatch, capsys) -> tuple[int, str
 
 
 def test_a_scenario_naming_its_own_model_replays(monkeypatch, capsys) -> None:
-    scenario = {"model": "prefix-cache", "config": {"block_size": 4, "num_blocks": 4},
-                "ops": [{"op": "alloc", "req": "A", "tokens": [1, 2, 3, 4, 5]}]}
+    scenario = {
+        "model": "prefix-cache",
+        "config": {"block_size": 4, "num_blocks": 4},
+        "ops": [{"op": "alloc", "req": "A", "tokens": [1, 2, 3, 4, 5]}],
+    }
     code, out, err = run_cli("prefix-cache", scenario, monkeypatch, capsys)
     assert code == 0 and err == ""
     assert json.loads(out)[0]["block_table"] == [0, 1]

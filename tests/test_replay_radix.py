@@ -33,15 +33,22 @@ def node(key, lock_ref=0, *children, **extra):
 
 
 def run_cli(stdin: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvlab", "replay", "radix", *args], input=stdin,
-                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "kvlab", "replay", "radix", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
 
 
 def check_example_8(records):
     assert [r["op"] for r in records] == ["insert", "insert", "insert", "match", "lock", "evict"]
     assert [r["prefix_len"] for r in records[:3]] == [0, 6, 8]
-    assert records[2]["tree"] == node([], 1, node([1, 2, 3, 4, 5, 6], 0,
-                                                  node([10, 11], 0, node([30, 31])), node([20, 21, 22])))
+    assert records[2]["tree"] == node(
+        [], 1, node([1, 2, 3, 4, 5, 6], 0, node([10, 11], 0, node([30, 31])), node([20, 21, 22]))
+    )
     assert records[3]["matched_len"] == 9
     assert (records[4]["evictable_size"], records[4]["protected_size"]) == (4, 9)
     last = records[5]
@@ -70,32 +77,46 @@ def test_example_8_through_the_cli(tmp_path):
 
 
 def test_record_fields_per_op():
-    records = replay({}, [
-        {"op": "insert", "tokens": [1, 2]},
-        {"op": "match", "tokens": [1, 2]},
-        {"op": "match", "tokens": [1, 2], "as": "a"},
-        {"op": "lock", "node": "a"},
-        {"op": "unlock", "node": "a"},
-        {"op": "evict", "num_tokens": 0},
-    ])
+    records = replay(
+        {},
+        [
+            {"op": "insert", "tokens": [1, 2]},
+            {"op": "match", "tokens": [1, 2]},
+            {"op": "match", "tokens": [1, 2], "as": "a"},
+            {"op": "lock", "node": "a"},
+            {"op": "unlock", "node": "a"},
+            {"op": "evict", "num_tokens": 0},
+        ],
+    )
     tail = ["evictable_size", "protected_size", "tree"]
     assert [list(r) for r in records] == [
-        ["op", "prefix_len", *tail], ["op", "matched_len", *tail], ["op", "matched_len", *tail],
-        ["op", *tail], ["op", *tail], ["op", "evicted_tokens", "evicted", *tail],
+        ["op", "prefix_len", *tail],
+        ["op", "matched_len", *tail],
+        ["op", "matched_len", *tail],
+        ["op", *tail],
+        ["op", *tail],
+        ["op", "evicted_tokens", "evicted", *tail],
     ]
     assert records[-1]["evicted"] == [] and records[-1]["evicted_tokens"] == 0
 
 
 def test_split_handles_page_size_and_extra_key():
-    records = replay({"page_size": 2}, [
-        {"op": "insert", "tokens": [1, 2, 3, 4, 5]},
-        {"op": "match", "tokens": [1, 2, 3, 4], "as": "whole"},
-        {"op": "lock", "node": "whole"},
-        {"op": "match", "tokens": [1, 2, 7, 7], "as": "head"},  # splits the locked node at the page boundary
-        {"op": "insert", "tokens": [1, 2, 3, 4], "extra_key": "lora-1"},
-        {"op": "unlock", "node": "whole"},  # the handle is the lower half now; unlocks the whole path
-        {"op": "evict", "num_tokens": 1},
-    ])
+    records = replay(
+        {"page_size": 2},
+        [
+            {"op": "insert", "tokens": [1, 2, 3, 4, 5]},
+            {"op": "match", "tokens": [1, 2, 3, 4], "as": "whole"},
+            {"op": "lock", "node": "whole"},
+            {
+                "op": "match",
+                "tokens": [1, 2, 7, 7],
+                "as": "head",
+            },  # splits the locked node at the page boundary
+            {"op": "insert", "tokens": [1, 2, 3, 4], "extra_key": "lora-1"},
+            {"op": "unlock", "node": "whole"},  # the handle is the lower half now; unlocks the whole path
+            {"op": "evict", "num_tokens": 1},
+        ],
+    )
     assert records[0]["prefix_len"] == 0 and records[0]["tree"]["children"] == [node([1, 2, 3, 4])]
     assert records[3]["matched_len"] == 2
     assert records[3]["tree"]["children"] == [node([1, 2], 1, node([3, 4], 1))]
@@ -106,13 +127,16 @@ def test_split_handles_page_size_and_extra_key():
 
 
 def test_root_handle_and_rebinding():
-    records = replay({}, [
-        {"op": "insert", "tokens": [1, 2]},
-        {"op": "match", "tokens": [9], "as": "h"},  # matches nothing: the root
-        {"op": "lock", "node": "h"},
-        {"op": "match", "tokens": [1, 2], "as": "h"},
-        {"op": "lock", "node": "h"},
-    ])
+    records = replay(
+        {},
+        [
+            {"op": "insert", "tokens": [1, 2]},
+            {"op": "match", "tokens": [9], "as": "h"},  # matches nothing: the root
+            {"op": "lock", "node": "h"},
+            {"op": "match", "tokens": [1, 2], "as": "h"},
+            {"op": "lock", "node": "h"},
+        ],
+    )
     assert records[2]["protected_size"] == 0 and records[2]["tree"]["lock_ref"] == 1
     assert records[4]["protected_size"] == 2
 
@@ -139,11 +163,19 @@ def test_unbalanced_unlocks_follow_sglang_below_zero():
     assert records[4]["tree"] == node([], 1, node([1, 2], 0, node([3, 4], 1)))
     assert records[5]["tree"] == node([], 1, node([1, 2], -1, node([3, 4], 0)))
     assert records[6] == {
-        "op": "evict", "evicted_tokens": 2, "evicted": [[3, 4]], "evictable_size": 2, "protected_size": 0,
+        "op": "evict",
+        "evicted_tokens": 2,
+        "evicted": [[3, 4]],
+        "evictable_size": 2,
+        "protected_size": 0,
         "tree": node([], 1, node([1, 2], -1)),
     }
     assert records[7] == {
-        "op": "evict", "evicted_tokens": 2, "evicted": [[1, 2]], "evictable_size": 0, "protected_size": 0,
+        "op": "evict",
+        "evicted_tokens": 2,
+        "evicted": [[1, 2]],
+        "evictable_size": 0,
+        "protected_size": 0,
         "tree": node([], 1),
     }
     with pytest.raises(ScenarioError, match="not locked") as info:
@@ -168,10 +200,18 @@ BAD = [
     ('{"ops": [{"op": "insert", "tokens": [1], "extra_key": 5}]}', 0, "extra_key"),
     ('{"ops": [{"op": "match", "tokens": [1], "as": 3}]}', 0, "'as'"),
     ('{"ops": [{"op": "lock", "node": "nobody"}]}', 0, "no node named 'nobody'"),
-    ('{"ops": [{"op": "insert", "tokens": [1]}, {"op": "match", "tokens": [1], "as": "a"},'
-     ' {"op": "unlock", "node": "a"}]}', 2, "not locked"),
-    ('{"ops": [{"op": "insert", "tokens": [1]}, {"op": "match", "tokens": [1], "as": "a"},'
-     ' {"op": "evict", "num_tokens": 5}, {"op": "lock", "node": "a"}]}', 3, "evicted"),
+    (
+        '{"ops": [{"op": "insert", "tokens": [1]}, {"op": "match", "tokens": [1], "as": "a"},'
+        ' {"op": "unlock", "node": "a"}]}',
+        2,
+        "not locked",
+    ),
+    (
+        '{"ops": [{"op": "insert", "tokens": [1]}, {"op": "match", "tokens": [1], "as": "a"},'
+        ' {"op": "evict", "num_tokens": 5}, {"op": "lock", "node": "a"}]}',
+        3,
+        "evicted",
+    ),
     ('{"ops": [{"op": "evict", "num_tokens": -1}]}', 0, "at least 0"),
     ('{"ops": [{"op": "evict", "num_tokens": 1.5}]}', 0, "integer"),
 ]

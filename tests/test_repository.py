@@ -88,17 +88,23 @@ def test_binder_installs_kvlab_and_opens_the_start_page() -> None:
     assert "00_start_here.ipynb" in (ROOT / "README.md").read_text(encoding="utf-8").split("\n## ", 1)[0]
 
 
-@pytest.mark.skipif(shutil.which("jupyter-repo2docker") is None, reason="jupyter-repo2docker is not installed")
+@pytest.mark.skipif(
+    shutil.which("jupyter-repo2docker") is None, reason="jupyter-repo2docker is not installed"
+)
 def test_repo2docker_uses_the_binder_folder() -> None:
     out = subprocess.run(
         ["jupyter-repo2docker", "--no-build", "--debug", str(ROOT)],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-2000:]
-    assert 'binder/environment.yml' in text
+    assert "binder/environment.yml" in text
     assert "binder/postBuild" in text
-    assert re.search(r"COPY .*src/environment\.yml", text) is None, "top-level environment.yml must be ignored"
+    assert re.search(r"COPY .*src/environment\.yml", text) is None, (
+        "top-level environment.yml must be ignored"
+    )
 
 
 def test_python_version_is_supported() -> None:

@@ -51,7 +51,10 @@ def test_the_lesson_arithmetic_lines():
 def test_offload_estimate_for_the_8b_shape():
     est = offload_estimate(748, 131_072)
     assert est.file_bytes == 748 * 131_072
-    assert f"{est.file_mib:.1f} {est.read_ms:.1f} {est.cpu_recompute_s:.1f} {est.gpu_recompute_ms:.1f}" == "93.5 32.7 11.8 145.4"
+    assert (
+        f"{est.file_mib:.1f} {est.read_ms:.1f} {est.cpu_recompute_s:.1f} {est.gpu_recompute_ms:.1f}"
+        == "93.5 32.7 11.8 145.4"
+    )
     assert est.recompute_flops == pytest.approx(748 * 2 * 8.03e9)
 
 
@@ -61,7 +64,10 @@ def test_save_and_restore_in_this_process(tmp_path):
     assert (first.tokens_evaluated, first.prompt_n) == (748, 748)
     saved = save_slot(s, 0, "agent-prefix.bin", directory=tmp_path)
     assert saved.to_json() == {
-        "id_slot": 0, "filename": "agent-prefix.bin", "n_saved": 748, "n_written": slot_file_size(TINY_MODEL, 748)
+        "id_slot": 0,
+        "filename": "agent-prefix.bin",
+        "n_saved": 748,
+        "n_written": slot_file_size(TINY_MODEL, 748),
     }
     assert (tmp_path / "agent-prefix.bin").stat().st_size == slot_file_size(TINY_MODEL, 748)
     data = read_slot_file(tmp_path, "agent-prefix.bin", TINY_MODEL)
@@ -92,7 +98,9 @@ def test_restore_in_a_new_process(tmp_path):
     assert out.split() == ["748", "753", "748", "5"]
 
 
-@pytest.mark.parametrize("name", ["../x.bin", "a/b.bin", "a\\b.bin", "..", "x..bin", "", " x", "a\0b", None, 5])
+@pytest.mark.parametrize(
+    "name", ["../x.bin", "a/b.bin", "a\\b.bin", "..", "x..bin", "", " x", "a\0b", None, 5]
+)
 def test_file_names_that_could_leave_the_directory_are_refused(tmp_path, name):
     s = SlotServer(cache_ram_mib=0)
     s.complete([1, 2, 3])

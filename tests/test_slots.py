@@ -282,7 +282,9 @@ requests = st.lists(
 @settings(max_examples=60, deadline=None)
 @given(requests, st.integers(1, 3), st.sampled_from([0, 1]), st.sampled_from([0.0, 0.1, 0.5]))
 def test_counters_and_slot_contents_hold_for_any_request_sequence(reqs, n_slots, ram, sim):
-    s = SlotServer(n_slots, n_ctx=64, cache_ram_mib=ram, slot_prompt_similarity=sim, state_bytes_per_token=MIB // 40)
+    s = SlotServer(
+        n_slots, n_ctx=64, cache_ram_mib=ram, slot_prompt_similarity=sim, state_bytes_per_token=MIB // 40
+    )
     for prompt, max_tokens in reqs:
         held = {i: s.slot_tokens(i) for i in range(n_slots)}
         ram_before = [e.tokens for e in s.state().ram_cache]

@@ -50,7 +50,10 @@ def test_the_lesson_servers(ex):
         assert (long_rec.prompt_tokens, long_rec.cache_n, long_rec.prompt_n) == (1841, 0, 1841)
     short = ex.default[1]
     assert short.common_prefix == 350 and short.threshold == 222 and short.ring_pos_min == 1073
-    assert [(c.pos_min, c.pos_max, c.usable) for c in short.checks] == [(1069, 1836, False), (557, 1324, False)]
+    assert [(c.pos_min, c.pos_max, c.usable) for c in short.checks] == [
+        (1069, 1836, False),
+        (557, 1324, False),
+    ]
     assert short.forced_full and (short.cache_n, short.prompt_n) == (0, 354)
     assert spans(short.erased) == [(557, 1324, 1325), (1069, 1836, 1837)]
     off = ex.ctxcp0[1]
@@ -145,8 +148,14 @@ def test_ring_refuses_a_ubatch_it_cannot_hold():
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"n_swa": 0}, {"n_ctx": 1}, {"n_ubatch": 1024, "n_batch": 512}, {"ctx_checkpoints": -1},
-     {"swa_full": 1}, {"checkpoint_min_step": -5}],
+    [
+        {"n_swa": 0},
+        {"n_ctx": 1},
+        {"n_ubatch": 1024, "n_batch": 512},
+        {"ctx_checkpoints": -1},
+        {"swa_full": 1},
+        {"checkpoint_min_step": -5},
+    ],
 )
 def test_bad_config(kwargs):
     with pytest.raises(InvalidArgumentError):
@@ -172,11 +181,23 @@ def test_bad_config(kwargs):
 def test_bad_requests_change_nothing(call):
     slot = SwaSlot()
     slot.complete(list(range(900)), user_starts=[100])
-    before = (list(slot.ring.cells), slot.ring.head, list(slot.tokens), list(slot.checkpoints), len(slot.history))
+    before = (
+        list(slot.ring.cells),
+        slot.ring.head,
+        list(slot.tokens),
+        list(slot.checkpoints),
+        len(slot.history),
+    )
     with pytest.raises(InvalidArgumentError) as exc:
         call(slot)
     assert str(exc.value)
-    assert before == (list(slot.ring.cells), slot.ring.head, list(slot.tokens), list(slot.checkpoints), len(slot.history))
+    assert before == (
+        list(slot.ring.cells),
+        slot.ring.head,
+        list(slot.tokens),
+        list(slot.checkpoints),
+        len(slot.history),
+    )
 
 
 prompts = st.lists(
@@ -197,7 +218,9 @@ def test_ring_and_counters_stay_consistent(reqs, windows, swa_full):
         held = list(slot.tokens)
         rec = slot.complete(prompt, max_tokens=max_tokens, user_starts=[length // 2] if length > 2 else [])
         assert rec.cache_n + rec.prompt_n == length and 0 <= rec.cache_n <= length - 1
-        lcp = next((i for i, (a, b) in enumerate(zip(held, prompt, strict=False)) if a != b), min(len(held), length))
+        lcp = next(
+            (i for i, (a, b) in enumerate(zip(held, prompt, strict=False)) if a != b), min(len(held), length)
+        )
         assert rec.cache_n <= lcp
         if swa_full and rec.threshold > 0:  # every position is kept: reuse is the plain common prefix
             assert rec.cache_n == min(lcp, length - 1)

@@ -54,8 +54,15 @@ def make_case(lens, block_size, num_kv_heads, group, head_dim=32, dtype=torch.fl
     keys = [k.to(dtype) for k in keys]
     values = [v.to(dtype) for v in values]
     on = {"device": DEVICE, "dtype": dtype}
-    return (query.to(**on), kc.to(**on), vc.to(**on), tables.to(DEVICE),
-            torch.tensor(lens, dtype=torch.int32, device=DEVICE), keys, values)
+    return (
+        query.to(**on),
+        kc.to(**on),
+        vc.to(**on),
+        tables.to(DEVICE),
+        torch.tensor(lens, dtype=torch.int32, device=DEVICE),
+        keys,
+        values,
+    )
 
 
 def dense_f64(query, keys, values):
@@ -103,11 +110,14 @@ def test_head_dim_that_is_not_a_power_of_two_is_padded():
     torch.testing.assert_close(out.double().cpu(), dense_f64(q, keys, values), atol=1e-5, rtol=0)
 
 
-@pytest.mark.skipif(not HAS_CUDA, reason="the interpreter's bf16 tl.dot is not exact: bf16 is checked on a GPU")
+@pytest.mark.skipif(
+    not HAS_CUDA, reason="the interpreter's bf16 tl.dot is not exact: bf16 is checked on a GPU"
+)
 @pytest.mark.parametrize("block_size", [1, 16, 64])
 def test_kernel_in_bfloat16_on_a_gpu(block_size):
-    q, kc, vc, bt, sl, keys, values = make_case([1, 17, 300, 1000], block_size, 8, 4, head_dim=128,
-                                                dtype=torch.bfloat16)
+    q, kc, vc, bt, sl, keys, values = make_case(
+        [1, 17, 300, 1000], block_size, 8, 4, head_dim=128, dtype=torch.bfloat16
+    )
     out = paged_attention(q, kc, vc, bt, sl)  # auto picks triton on CUDA
     torch.testing.assert_close(out.double().cpu(), dense_f64(q, keys, values), atol=1e-2, rtol=0)
 
@@ -149,6 +159,8 @@ def test_kernel_compiles_for_hopper_without_a_gpu():
         pytest.skip("no ptxas available to assemble the kernel offline")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"
-    done = subprocess.run([sys.executable, "-c", HOPPER_CHECK], env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", HOPPER_CHECK], env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.startswith("ok")

@@ -149,8 +149,14 @@ def test_free_queue_figure_lists_the_queue_front_to_back(name: str) -> None:
 def test_pool_animations_have_one_frame_per_snapshot(name: str) -> None:
     state = POOLS[name]
     history = History()
-    history.add("before", BlockPoolState(block_size=state.block_size, blocks=tuple(
-        BlockState(b.block_id, is_null=b.is_null) for b in state.blocks), free_queue=tuple(range(state.num_blocks))))
+    history.add(
+        "before",
+        BlockPoolState(
+            block_size=state.block_size,
+            blocks=tuple(BlockState(b.block_id, is_null=b.is_null) for b in state.blocks),
+            free_queue=tuple(range(state.num_blocks)),
+        ),
+    )
     history.add("after", state)
     for fig in (block_pool_animation(history), free_queue_animation(history)):
         assert len(fig.frames) == 2
@@ -165,7 +171,10 @@ def test_pool_animations_have_one_frame_per_snapshot(name: str) -> None:
 def test_example_2_highlight_shows_the_slot_of_token_36() -> None:
     state = paged.example_2().history[-1].state
     fig = block_pool_figure(state, highlight=("A", 36))
-    assert "A token 36 → logical block 2, offset 4 → physical block 9 → slot 9×16+4 = 148" in fig.layout.title.text
+    assert (
+        "A token 36 → logical block 2, offset 4 → physical block 9 → slot 9×16+4 = 148"
+        in fig.layout.title.text
+    )
     rows = {t: i for i, t in enumerate(fig.layout.yaxis2.ticktext)}
     tables = fig.data[1]
     assert list(tables.text[rows["A · 37 tok"]][:3]) == ["7", "2", "9"]
@@ -182,7 +191,7 @@ def test_example_4_marks_the_copy_on_write_target_and_shared_blocks() -> None:
     history = paged.example_4().history
     cow = next(s.state for s in history if s.state.copied_blocks)
     fig = block_pool_figure(cow)
-    (source, target), = cow.copied_blocks
+    ((source, target),) = cow.copied_blocks
     copied = trace_named(fig, theme.MARK_STYLES["copied"]["label"])
     assert outlined_cells(copied) == {(target, 0)}
     last = history[-1].state
@@ -218,7 +227,7 @@ def test_copy_on_write_targets_leave_the_free_queue_marked() -> None:
     copy_label = theme.MARK_STYLES["copied"]["label"]
     for i in cows:
         state, previous = history[i].state, history[i - 1].state
-        (source, target), = state.copied_blocks
+        ((source, target),) = state.copied_blocks
         fig = free_queue_figure(state, previous)
         left = {c: label for (c, r), (_, label, _) in grid_cells(fig).items() if r == 0}
         assert list(left) == [previous.free_queue.index(target)]  # drawn where it left from: the front
@@ -275,7 +284,9 @@ def test_chart_legends_sit_under_the_x_axis_title() -> None:
         plot_h = height - m.t - m.b
         below_plot = -fig.layout.legend.y * plot_h
         assert fig.layout.legend.yanchor == "top" and below_plot >= 50  # under ticks and the axis title
-        need = legend_height([t.to_plotly_json() for t in fig.data], left=m.l, font_px=13, traceorder="normal")
+        need = legend_height(
+            [t.to_plotly_json() for t in fig.data], left=m.l, font_px=13, traceorder="normal"
+        )
         assert m.b >= below_plot + need  # room for the legend as wrapped at the narrowest width
 
 
@@ -295,8 +306,12 @@ def test_animation_controls_have_their_own_rows_under_the_legend(make) -> None:
     buttons_top, slider_top = -menu.y * plot_h, -slider.y * plot_h  # px under the plot
     assert slider_top - buttons_top >= 36  # a button is about 30 px tall
     legend_bottom = -fig.layout.legend.y * plot_h + legend_height(
-        [t.to_plotly_json() for t in fig.data], left=m.l, width=NARROWEST,
-        font_px=fig.layout.legend.font.size or 13, traceorder=fig.layout.legend.traceorder)
+        [t.to_plotly_json() for t in fig.data],
+        left=m.l,
+        width=NARROWEST,
+        font_px=fig.layout.legend.font.size or 13,
+        traceorder=fig.layout.legend.traceorder,
+    )
     assert buttons_top >= legend_bottom
     assert m.b >= slider_top + 70  # the slider's rail and step numbers fit in the figure
 
@@ -330,8 +345,9 @@ def test_example_6_hash_chain_marks_changed_blocks() -> None:
     base = [11, 12, 13, 14, 21, 22, 23, 24, 31, 32, 33, 34, 41, 42]
     late, early = list(base), list(base)
     late[9], early[1] = 99, 99
-    fig = hash_chain_figure({"base": base, "late": late, "early": early, "salt": base}, block_size=4,
-                            salts={"salt": "tenant-b"})
+    fig = hash_chain_figure(
+        {"base": base, "late": late, "early": early, "salt": base}, block_size=4, salts={"salt": "tenant-b"}
+    )
     text = fig.data[0].text
     assert [t.split("</b>")[0][3:] for t in text[0][:3]] == ["6cfd527e", "9f569157", "e0297480"]
     assert [t.split("<br>")[1] for t in text[1][:3]] == ["same", "same", "changed"]
@@ -339,7 +355,9 @@ def test_example_6_hash_chain_marks_changed_blocks() -> None:
     assert [t.split("<br>")[1] for t in text[2][:3]] == ["changed"] * 3
     assert text[3][0].startswith("<b>6057b827")
     assert text[0][3] == "2 tok<br>no hash"  # the partial block is never hashed
-    digests = hash_chain_figure({"a": hashing.block_hashes(base, 4), "b": [d.hex() for d in hashing.block_hashes(late, 4)]})
+    digests = hash_chain_figure(
+        {"a": hashing.block_hashes(base, 4), "b": [d.hex() for d in hashing.block_hashes(late, 4)]}
+    )
     assert [t.split("<br>")[1] for t in digests.data[0].text[1]] == ["same", "same", "changed"]
 
 
@@ -381,7 +399,9 @@ def test_frames_match_snapshots_in_number_and_content() -> None:
         assert f"Step {i} of {len(history) - 1}: " in frame.layout.title.text
         cols, _ = grid_shape(state.num_blocks)
         z = frame.data[0].z
-        assert [z[b // cols][b % cols] for b in range(state.num_blocks)] == [STATUS_CODE[b.status] for b in state.blocks]
+        assert [z[b // cols][b % cols] for b in range(state.num_blocks)] == [
+            STATUS_CODE[b.status] for b in state.blocks
+        ]
         tables = [t for t in frame.layout.yaxis2.ticktext if t]
         assert tables == [f"{rid} · {n} tok" for rid, n in state.seq_lens]
     for frame, step in zip(anim.frames, history, strict=True):
@@ -394,7 +414,7 @@ def test_animation_plays_without_a_kernel(tmp_path) -> None:
     path = tmp_path / "anim.html"
     fig.write_html(path, include_plotlyjs=True, auto_play=False)
     page = path.read_text()
-    assert "<script src=\"http" not in page  # plotly.js is inlined: no network needed
+    assert '<script src="http' not in page  # plotly.js is inlined: no network needed
     assert "Plotly.addFrames" in page or '"frames"' in page
     play, pause = fig.layout.updatemenus[0].buttons
     assert play.method == "animate" and play.args[0] is None
@@ -430,7 +450,10 @@ def test_per_turn_figures() -> None:
     fig = tokens_per_turn_figure({"append-only": append_only, "keep last 5": trimmed}, cumulative=True)
     assert fig.data[0].y[-1] == 10_000 and fig.data[1].y[-1] == 34_000
     assert fig.data[0].line.dash != fig.data[1].line.dash  # told apart without colour
-    turns = [{"prompt_tokens": 34, "cache_n": 0, "prompt_n": 34}, {"prompt_tokens": 56, "cache_n": 41, "prompt_n": 15}]
+    turns = [
+        {"prompt_tokens": 34, "cache_n": 0, "prompt_n": 34},
+        {"prompt_tokens": 56, "cache_n": 41, "prompt_n": 15},
+    ]
     fig = cache_n_figure({"append-only": turns, "clock": [(3, 43), (10, 58)]})
     assert list(fig.data[0].y) == [0, 41] and list(fig.data[1].y) == [34, 15]
     assert list(fig.data[2].y) == [3, 10] and list(fig.data[3].y) == [43, 58]
@@ -492,7 +515,9 @@ def test_kvlab_template_keeps_plotly_white_for_what_the_views_draw() -> None:
                                        "title"}:  # fmt: skip
         assert ours["layout"][key] == white["layout"][key], key
     assert ours["layout"]["font"]["family"] == theme.FONT_FAMILY
-    spec_types = {t["type"] for s in (block_pool_spec(paged.example_2().history[-1].state),) for t in s["data"]}
+    spec_types = {
+        t["type"] for s in (block_pool_spec(paged.example_2().history[-1].state),) for t in s["data"]
+    }
     assert spec_types <= set(theme.TEMPLATE_TRACES)
 
 

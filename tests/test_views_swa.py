@@ -31,7 +31,10 @@ def runs():
 def bars(spec: dict, label_start: str) -> list[tuple[str, int, int, str]]:
     """(row, start, end, text) of the bar trace whose name starts with ``label_start``."""
     trace = next(t for t in spec["data"] if t["type"] == "bar" and t["name"].startswith(label_start))
-    return [(y, b, b + x, s) for y, b, x, s in zip(trace["y"], trace["base"], trace["x"], trace["text"], strict=True)]
+    return [
+        (y, b, b + x, s)
+        for y, b, x, s in zip(trace["y"], trace["base"], trace["x"], trace["text"], strict=True)
+    ]
 
 
 # ---------------------------------------------------------------------- the SWA view
@@ -49,8 +52,15 @@ def test_the_slot_after_the_long_prompt(ex12):
         ("checkpoint 2", 1069, 1837, "[1069, 1836]"),
     ]
     labels = next(t for t in spec["data"] if t.get("name") == "cell runs")["text"]
-    assert labels == ["cells 0–304: positions 1536–1840", "cells 305–767: positions 1073–1535"]  # the ring wrapped
-    assert spec["layout"]["yaxis"]["categoryarray"][:3] == ["full-attention layers", "SWA cells cover", "batch decoded"]
+    assert labels == [
+        "cells 0–304: positions 1536–1840",
+        "cells 305–767: positions 1073–1535",
+    ]  # the ring wrapped
+    assert spec["layout"]["yaxis"]["categoryarray"][:3] == [
+        "full-attention layers",
+        "SWA cells cover",
+        "batch decoded",
+    ]
 
 
 def test_the_reuse_marks_show_the_needed_band(ex12):

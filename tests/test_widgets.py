@@ -21,7 +21,9 @@ def same(a, b) -> bool:
     if isinstance(a, (list, tuple, np.ndarray)) and isinstance(b, (list, tuple, np.ndarray)):
         return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
     gap = (None, "")
-    if (a in gap or (isinstance(a, float) and np.isnan(a))) and (b in gap or (isinstance(b, float) and np.isnan(b))):
+    if (a in gap or (isinstance(a, float) and np.isnan(a))) and (
+        b in gap or (isinstance(b, float) and np.isnan(b))
+    ):
         return True
     return a == b
 
@@ -34,9 +36,9 @@ def assert_shows(st: Stepper, index: int) -> None:
         assert len(fw.data) == len(spec["data"])
         for trace, want in zip(fw.data, spec["data"], strict=True):
             for key, value in want.items():
-                assert same(trace[key] if not isinstance(value, dict) else trace[key].to_plotly_json(), value), (
-                    f"step {index}, trace {want.get('name')!r}, property {key!r} differs"
-                )
+                assert same(
+                    trace[key] if not isinstance(value, dict) else trace[key].to_plotly_json(), value
+                ), f"step {index}, trace {want.get('name')!r}, property {key!r} differs"
         assert fw.layout.title.text == spec["layout"]["title"]["text"]
 
 
@@ -55,7 +57,9 @@ def test_setting_the_slider_updates_the_figures_to_that_snapshot(example_7) -> N
         state = example_7[index].state
         cols, _ = grid_shape(state.num_blocks)
         z = st.figures[0].widget.data[0].z
-        assert [z[b // cols][b % cols] for b in range(state.num_blocks)] == [STATUS_CODE[b.status] for b in state.blocks]
+        assert [z[b // cols][b % cols] for b in range(state.num_blocks)] == [
+            STATUS_CODE[b.status] for b in state.blocks
+        ]
         queue = [t.split("</b>")[0][3:] for t in st.figures[1].widget.data[0].text[1] if t]
         assert queue == [str(b) for b in state.free_queue]
         assert example_7[index].caption in st.caption.value
@@ -197,7 +201,9 @@ def test_a_refused_allocation_is_recorded_and_replays_as_not_ok(salt) -> None:
     before = pg.state
     pg.new_id_box.value, pg.tokens_box.value, pg.salt_box.value = "B", 500, salt  # more than the pool holds
     pg.buttons["allocate"].click()
-    assert "✗" in pg.message.value and "cannot allocate" in pg.message.value and "ok: false" in pg.message.value
+    assert (
+        "✗" in pg.message.value and "cannot allocate" in pg.message.value and "ok: false" in pg.message.value
+    )
     assert pg.state == before and len(pg.history) == 2  # the pool is unchanged: no step
     assert [op["op"] for op in pg.ops] == ["alloc", "alloc"] and list(pg.refused) == [1]
     assert "refused" in pg.log()[1] and "refused" in pg.log_view.value
@@ -230,7 +236,9 @@ def test_playground_errors_from_every_button_are_messages() -> None:
     pg.scenario_box.value = "{not json"
     pg.replay_button.click()
     assert "not valid JSON" in pg.message.value
-    pg.scenario_box.value = json.dumps({"config": {"block_size": 4, "num_blocks": 4}, "ops": [{"op": "free", "req": "X"}]})
+    pg.scenario_box.value = json.dumps(
+        {"config": {"block_size": 4, "num_blocks": 4}, "ops": [{"op": "free", "req": "X"}]}
+    )
     pg.replay_button.click()
     assert "op 0" in pg.message.value and pg.ops == []
 
@@ -249,7 +257,9 @@ def test_block_pool_playground_forks_and_copies_on_write() -> None:
     again = Playground.from_scenario(pg.scenario(), model="block-pool")
     assert again.state == state
     with pytest.raises(ScenarioError):
-        Playground.from_scenario({k: v for k, v in pg.scenario().items() if k != "model"})  # fork: not prefix-cache
+        Playground.from_scenario(
+            {k: v for k, v in pg.scenario().items() if k != "model"}
+        )  # fork: not prefix-cache
 
 
 def test_a_block_pool_scenario_says_it_cannot_go_through_the_replay_cli(tmp_path) -> None:
@@ -260,7 +270,11 @@ def test_a_block_pool_scenario_says_it_cannot_go_through_the_replay_cli(tmp_path
     pg.append("B", 1)  # copy-on-write
     scenario = pg.scenario()
     assert scenario["model"] == "block-pool" and [op["op"] for op in scenario["ops"]] == [
-        "alloc", "fork", "alloc", "append"]
+        "alloc",
+        "fork",
+        "alloc",
+        "append",
+    ]
     pg.export_button.click()
     assert "block-pool" in pg.message.value and "Playground.from_scenario" in pg.message.value
     assert json.loads(pg.scenario_box.value) == scenario
@@ -274,10 +288,17 @@ def test_a_block_pool_scenario_says_it_cannot_go_through_the_replay_cli(tmp_path
     path.write_text(pg.to_json())
     from kvlab.cli.replay import main
 
-    assert main(["prefix-cache", str(path)]) == 2  # the replay CLI refuses it, with a message, not a traceback
+    assert (
+        main(["prefix-cache", str(path)]) == 2
+    )  # the replay CLI refuses it, with a message, not a traceback
 
 
 def test_playground_rejects_bad_construction() -> None:
-    for kwargs in ({"model": "slab"}, {"num_blocks": 0}, {"block_size": "4"}, {"model": "block-pool", "null_block": True}):
+    for kwargs in (
+        {"model": "slab"},
+        {"num_blocks": 0},
+        {"block_size": "4"},
+        {"model": "block-pool", "null_block": True},
+    ):
         with pytest.raises(InvalidArgumentError):
             Playground(**kwargs)

@@ -51,7 +51,10 @@ def build_one(path: Path, out: Path, timeout: int) -> tuple[str, str, float]:
     # 'notebook' inlines plotly.js once per page; the mimetype keeps JupyterLab's renderer happy too.
     os.environ["PLOTLY_RENDERER"] = "plotly_mimetype+notebook"
     client = NotebookClient(
-        nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}},
+        nb,
+        timeout=timeout,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(NOTEBOOKS)}},
         store_widget_state=True,
     )
     client.execute()
@@ -65,7 +68,8 @@ def build_one(path: Path, out: Path, timeout: int) -> tuple[str, str, float]:
 
 def write_index(out: Path, pages: list[tuple[str, str, float]]) -> None:
     items = "\n".join(
-        f'    <li><a href="{stem}.html">{html.escape(stem[:2])} — {html.escape(title)}</a></li>' for stem, title, _ in pages
+        f'    <li><a href="{stem}.html">{html.escape(stem[:2])} — {html.escape(title)}</a></li>'
+        for stem, title, _ in pages
     )
     (out / "index.html").write_text(
         f"""<!doctype html>

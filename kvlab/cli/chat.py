@@ -49,7 +49,9 @@ def _non_negative(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
     if value > MAX_SYSTEM_TOKENS:
-        raise argparse.ArgumentTypeError(f"at most {MAX_SYSTEM_TOKENS} (the tiny engine runs on a CPU), got {value}")
+        raise argparse.ArgumentTypeError(
+            f"at most {MAX_SYSTEM_TOKENS} (the tiny engine runs on a CPU), got {value}"
+        )
     return value
 
 
@@ -68,12 +70,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--block-size", type=_block_size, default=16, help="tokens per KV block (default 16)")
     p.add_argument(
-        "--system-tokens", type=_non_negative, default=0, help="a system prompt of exactly N tokens (0: the lesson's)"
+        "--system-tokens",
+        type=_non_negative,
+        default=0,
+        help="a system prompt of exactly N tokens (0: the lesson's)",
     )
     p.add_argument("--clock", action="store_true", help="put a time stamp at the start of the system prompt")
     p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     p.add_argument(
-        "--threads", type=_positive, default=1,
+        "--threads",
+        type=_positive,
+        default=1,
         help="torch CPU threads (default 1: the tiny model's ops are too small to gain from more)",
     )
     return p

@@ -28,7 +28,9 @@ def load_scenario(text: str) -> tuple[str | None, dict[str, Any], list[Any]]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ScenarioError(f"the scenario is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+        raise ScenarioError(
+            f"the scenario is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})"
+        ) from None
     if not isinstance(data, dict):
         raise ScenarioError('the scenario must be a JSON object: {"config": {...}, "ops": [...]}')
     unknown = set(data) - {"config", "ops", "model"}
@@ -57,7 +59,9 @@ def check_model(named: object, model: str) -> None:
             "this scenario was exported from the block-pool playground (it may fork, which the replay CLI "
             "has no op for): load it with kvlab.views.Playground.from_scenario instead"
         )
-    raise ScenarioError(f"the scenario names model {named!r} but is replayed as {model!r}: replay it as {named!r}")
+    raise ScenarioError(
+        f"the scenario names model {named!r} but is replayed as {model!r}: replay it as {named!r}"
+    )
 
 
 def replay(model: str, config: dict[str, Any], ops: list[Any]) -> list[dict[str, Any]]:

@@ -34,17 +34,44 @@ _ID_SPACE = 2**31 - FIRST_ORDINARY_ID  # ids stay 4-byte signed ints, as the les
 # order matters: specials, then single digits (" 1" splits into " " and "1"), words with an
 # optional leading space, one punctuation mark with an optional leading space, a newline,
 # any other run of whitespace. Every character matches one alternative, so nothing is lost.
-_PIECE = re.compile(
-    "|".join(re.escape(s) for s in SPECIAL_TOKENS) + r"|\d| ?[^\W\d]+| ?[^\s\w]|\n|[^\S\n]+"
-)
+_PIECE = re.compile("|".join(re.escape(s) for s in SPECIAL_TOKENS) + r"|\d| ?[^\W\d]+| ?[^\s\w]|\n|[^\S\n]+")
 
 ROLES = ("system", "user", "assistant", "tool")
 
 # words a simulated model answers with; each is one token with its leading space
 REPLY_WORDS = (
-    "the", "file", "reads", "config", "then", "calls", "a", "helper", "to", "parse", "each", "line",
-    "and", "returns", "list", "of", "tokens", "so", "we", "should", "open", "main", "check", "tests",
-    "next", "run", "build", "fix", "import", "error", "in", "module",
+    "the",
+    "file",
+    "reads",
+    "config",
+    "then",
+    "calls",
+    "a",
+    "helper",
+    "to",
+    "parse",
+    "each",
+    "line",
+    "and",
+    "returns",
+    "list",
+    "of",
+    "tokens",
+    "so",
+    "we",
+    "should",
+    "open",
+    "main",
+    "check",
+    "tests",
+    "next",
+    "run",
+    "build",
+    "fix",
+    "import",
+    "error",
+    "in",
+    "module",
 )
 
 
@@ -144,7 +171,9 @@ def as_messages(messages: Iterable[Message | Mapping[str, str]]) -> list[Message
     return out
 
 
-def render_text(messages: Iterable[Message | Mapping[str, str]], *, add_generation_prompt: bool = True) -> str:
+def render_text(
+    messages: Iterable[Message | Mapping[str, str]], *, add_generation_prompt: bool = True
+) -> str:
     """The ChatML text of ``messages``, as the template would produce it."""
     msgs = as_messages(messages)
     text = "".join(f"<|im_start|>{m.role}\n{m.content}<|im_end|>\n" for m in msgs)
@@ -152,7 +181,10 @@ def render_text(messages: Iterable[Message | Mapping[str, str]], *, add_generati
 
 
 def render(
-    messages: Iterable[Message | Mapping[str, str]], tokenizer: Tokenizer, *, add_generation_prompt: bool = True
+    messages: Iterable[Message | Mapping[str, str]],
+    tokenizer: Tokenizer,
+    *,
+    add_generation_prompt: bool = True,
 ) -> RenderedPrompt:
     """Render and tokenize ``messages``; each message's span is recorded for checkpoint placement."""
     if not isinstance(tokenizer, Tokenizer):

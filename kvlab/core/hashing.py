@@ -42,7 +42,12 @@ def none_hash(scheme: str = "lesson") -> bytes:
 
 
 def hash_block(
-    parent: bytes, block_tokens: Sequence[int], *, salt: str | None = None, first: bool = False, scheme: str = "lesson"
+    parent: bytes,
+    block_tokens: Sequence[int],
+    *,
+    salt: str | None = None,
+    first: bool = False,
+    scheme: str = "lesson",
 ) -> bytes:
     """Hash one full block given its parent's digest.
 
@@ -77,7 +82,9 @@ def block_hashes(
     out: list[bytes] = []
     parent = none_hash(scheme)
     for start in range(0, len(toks) - block_size + 1, block_size):
-        parent = hash_block(parent, toks[start : start + block_size], salt=salt, first=start == 0, scheme=scheme)
+        parent = hash_block(
+            parent, toks[start : start + block_size], salt=salt, first=start == 0, scheme=scheme
+        )
         out.append(parent)
     return out
 

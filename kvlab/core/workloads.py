@@ -63,7 +63,9 @@ class JavaRandom:
         return self.next_bits(1) != 0
 
     def next_double(self) -> float:
-        return ((self.next_bits(26) & 0x3FFFFFF) * (1 << 27) + (self.next_bits(27) & 0x7FFFFFF)) * (1.0 / (1 << 53))
+        return ((self.next_bits(26) & 0x3FFFFFF) * (1 << 27) + (self.next_bits(27) & 0x7FFFFFF)) * (
+            1.0 / (1 << 53)
+        )
 
     def shuffle(self, items: list[Any]) -> None:
         """Shuffle ``items`` in place exactly as ``Collections.shuffle(list, rnd)`` does."""

@@ -90,7 +90,9 @@ def _check_tensor(name: str, value: object, ndim: int, what: str) -> torch.Tenso
     if not isinstance(value, torch.Tensor):
         raise InvalidArgumentError(f"{name} must be a torch.Tensor {what}, got {type(value).__name__}")
     if value.dim() != ndim:
-        raise InvalidArgumentError(f"{name} must have {ndim} dimensions {what}, got shape {tuple(value.shape)}")
+        raise InvalidArgumentError(
+            f"{name} must have {ndim} dimensions {what}, got shape {tuple(value.shape)}"
+        )
     return value
 
 
@@ -104,8 +106,15 @@ def _check_int_tensor(name: str, value: torch.Tensor) -> None:
 def _check_scale(scale: object, head_dim: int) -> float:
     if scale is None:
         return 1.0 / math.sqrt(head_dim)
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
-        raise InvalidArgumentError(f"scale must be a positive finite number or None (1/sqrt(head_dim)), got {scale!r}")
+    if (
+        isinstance(scale, bool)
+        or not isinstance(scale, (int, float))
+        or not math.isfinite(scale)
+        or scale <= 0
+    ):
+        raise InvalidArgumentError(
+            f"scale must be a positive finite number or None (1/sqrt(head_dim)), got {scale!r}"
+        )
     return float(scale)
 
 
@@ -123,14 +132,21 @@ def check_cache(key_cache: object, value_cache: object) -> tuple[torch.Tensor, t
             f"got {kc.dtype} and {vc.dtype}"
         )
     if kc.device != vc.device:
-        raise InvalidArgumentError(f"key_cache is on {kc.device} but value_cache on {vc.device}: move them together")
+        raise InvalidArgumentError(
+            f"key_cache is on {kc.device} but value_cache on {vc.device}: move them together"
+        )
     if min(kc.shape) < 1:
         raise InvalidArgumentError(f"key_cache has an empty dimension: shape {tuple(kc.shape)}")
     return kc, vc
 
 
 def _check_tables(
-    block_tables: object, seq_lens: object, num_seqs: int, block_size: int, num_blocks: int, device: torch.device
+    block_tables: object,
+    seq_lens: object,
+    num_seqs: int,
+    block_size: int,
+    num_blocks: int,
+    device: torch.device,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     bt = _check_tensor("block_tables", block_tables, 2, "[num_seqs, max_blocks_per_seq]")
     sl = _check_tensor("seq_lens", seq_lens, 1, "[num_seqs]")
@@ -158,7 +174,9 @@ def _check_tables(
             f"sequence {seq} has {high} tokens but its block table holds {bt.shape[1]} blocks of {block_size} "
             f"= {capacity} tokens: widen block_tables or shorten the sequence"
         )
-    used = torch.arange(bt.shape[1], device=device)[None, :] < ((lens + block_size - 1) // block_size)[:, None]
+    used = (
+        torch.arange(bt.shape[1], device=device)[None, :] < ((lens + block_size - 1) // block_size)[:, None]
+    )
     table = bt.to(torch.int64)
     bad = used & ((table < 0) | (table >= num_blocks))
     if bool(bad.any()):
@@ -171,7 +189,12 @@ def _check_tables(
 
 
 def check_decode_args(
-    query: object, key_cache: object, value_cache: object, block_tables: object, seq_lens: object, scale: object
+    query: object,
+    key_cache: object,
+    value_cache: object,
+    block_tables: object,
+    seq_lens: object,
+    scale: object,
 ) -> tuple[PagedShape, float]:
     """Validate ``paged_attention``'s arguments; return the sizes and the scale."""
     q = _check_tensor("query", query, 3, "[num_seqs, num_heads, head_dim]")
@@ -195,7 +218,9 @@ def check_decode_args(
 
 def _check_impl(impl: object, allowed: tuple[str, ...]) -> str:
     if impl == "flex":
-        raise InvalidArgumentError("impl='flex' (FlexAttention) is not implemented; use one of " + ", ".join(allowed))
+        raise InvalidArgumentError(
+            "impl='flex' (FlexAttention) is not implemented; use one of " + ", ".join(allowed)
+        )
     if not isinstance(impl, str) or impl not in allowed:
         raise InvalidArgumentError(f"unknown impl {impl!r}: use one of {', '.join(allowed)}")
     return impl
@@ -235,7 +260,9 @@ def paged_attention(
     if impl == "auto":
         impl = "triton" if query.is_cuda and triton_available() else "torch"
     if impl == "triton" and query.dtype == torch.float64:
-        raise InvalidArgumentError("impl='triton' takes float16, bfloat16 or float32, not float64; use impl='torch'")
+        raise InvalidArgumentError(
+            "impl='triton' takes float16, bfloat16 or float32, not float64; use impl='torch'"
+        )
     if shape.num_seqs == 0:
         return query.new_empty(query.shape)
     if impl == "reference":
@@ -243,15 +270,15 @@ def paged_attention(
     if impl == "torch":
         return _torch_decode(query, key_cache, value_cache, block_tables, seq_lens, scale_, shape)
     if not triton_available():
-        raise InvalidArgumentError("impl='triton' needs the triton package: pip install triton (or use impl='torch')")
+        raise InvalidArgumentError(
+            "impl='triton' needs the triton package: pip install triton (or use impl='torch')"
+        )
     from kvlab.engine.triton_paged import triton_paged_attention
 
     return triton_paged_attention(query, key_cache, value_cache, block_tables, seq_lens, scale=scale_)
 
 
-def gather_sequence(
-    cache: torch.Tensor, block_table_row: torch.Tensor, seq_len: int
-) -> torch.Tensor:
+def gather_sequence(cache: torch.Tensor, block_table_row: torch.Tensor, seq_len: int) -> torch.Tensor:
     """One sequence's first ``seq_len`` tokens of ``cache`` as a dense [seq_len, num_kv_heads, head_dim] tensor."""
     block_size = cache.shape[1]
     n_blocks = -(-seq_len // block_size)
@@ -259,7 +286,9 @@ def gather_sequence(
     return cache.index_select(0, blocks).reshape(n_blocks * block_size, *cache.shape[2:])[:seq_len]
 
 
-def _dense_attention_f64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mask: torch.Tensor | None):
+def _dense_attention_f64(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mask: torch.Tensor | None
+):
     """q [n, H, D], k/v [t, Hkv, D] -> [n, H, D], in float64; ``mask`` [n, t] True where allowed."""
     group = q.shape[1] // k.shape[1]
     k = k.to(torch.float64).repeat_interleave(group, dim=1)
@@ -285,7 +314,14 @@ def _work_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def _torch_decode(
-    query, key_cache, value_cache, block_tables, seq_lens, scale, shape: PagedShape, tile_tokens: int | None = None
+    query,
+    key_cache,
+    value_cache,
+    block_tables,
+    seq_lens,
+    scale,
+    shape: PagedShape,
+    tile_tokens: int | None = None,
 ):
     """Online softmax over tiles of whole blocks, one sequence at a time.
 
@@ -378,7 +414,9 @@ def write_kv_cache(
     sl = _check_tensor("slots", slots, 1, "[num_tokens]")
     _check_int_tensor("slots", sl)
     if sl.shape[0] != key.shape[0]:
-        raise InvalidArgumentError(f"slots has {sl.shape[0]} entries for {key.shape[0]} tokens: give one per token")
+        raise InvalidArgumentError(
+            f"slots has {sl.shape[0]} entries for {key.shape[0]} tokens: give one per token"
+        )
     _write_slots(key, value, kc, vc, _checked_slots(sl, kc))
 
 
@@ -391,7 +429,9 @@ def _check_kv_rows(key: object, value: object, kc: torch.Tensor) -> None:
             f"{kc.shape[2]}, {kc.shape[3]}] to match the cache"
         )
     if k.dtype != kc.dtype or v.dtype != kc.dtype:
-        raise InvalidArgumentError(f"key/value are {k.dtype}/{v.dtype} but the cache is {kc.dtype}: use one dtype")
+        raise InvalidArgumentError(
+            f"key/value are {k.dtype}/{v.dtype} but the cache is {kc.dtype}: use one dtype"
+        )
     if k.device != kc.device or v.device != kc.device:
         raise InvalidArgumentError("key, value and the cache must be on one device")
 
@@ -401,7 +441,9 @@ def _checked_slots(slots: torch.Tensor, kc: torch.Tensor) -> torch.Tensor:
     capacity = kc.shape[0] * kc.shape[1]
     if s.numel() and (int(s.min()) < -1 or int(s.max()) >= capacity):
         bad = int(s[(s < -1) | (s >= capacity)][0])
-        raise InvalidArgumentError(f"slot {bad} is outside the pool's {capacity} slots (use -1 to skip a token)")
+        raise InvalidArgumentError(
+            f"slot {bad} is outside the pool's {capacity} slots (use -1 to skip a token)"
+        )
     return s
 
 
@@ -441,9 +483,13 @@ def paged_prefill(
     kc, vc = check_cache(key_cache, value_cache)
     _check_kv_rows(key, value, kc)
     if key.shape[0] != q.shape[0]:
-        raise InvalidArgumentError(f"query has {q.shape[0]} tokens but key/value {key.shape[0]}: give one row each")
+        raise InvalidArgumentError(
+            f"query has {q.shape[0]} tokens but key/value {key.shape[0]}: give one row each"
+        )
     if q.dtype != kc.dtype or q.device != kc.device:
-        raise InvalidArgumentError(f"query ({q.dtype}, {q.device}) must match the cache ({kc.dtype}, {kc.device})")
+        raise InvalidArgumentError(
+            f"query ({q.dtype}, {q.device}) must match the cache ({kc.dtype}, {kc.device})"
+        )
     if q.shape[2] != kc.shape[3] or q.shape[1] % kc.shape[2]:
         raise InvalidArgumentError(
             f"query [*, {q.shape[1]}, {q.shape[2]}] needs head_dim {kc.shape[3]} and a multiple of "
@@ -459,14 +505,20 @@ def paged_prefill(
             f"query_lens {q_lens} must be positive and add up to the {q.shape[0]} query tokens"
         )
     if any(n > t for n, t in zip(q_lens, s_lens, strict=True)):
-        raise InvalidArgumentError(f"query_lens {q_lens} cannot exceed seq_lens {s_lens}: new tokens are part of the sequence")
+        raise InvalidArgumentError(
+            f"query_lens {q_lens} cannot exceed seq_lens {s_lens}: new tokens are part of the sequence"
+        )
     scale_ = _check_scale(scale, kc.shape[3])
-    slots = torch.cat(
-        [
-            slot_mapping(bt[s], torch.arange(t - n, t, device=kc.device), kc.shape[1])
-            for s, (n, t) in enumerate(zip(q_lens, s_lens, strict=True))
-        ]
-    ) if q_lens else torch.empty(0, dtype=torch.int64, device=kc.device)
+    slots = (
+        torch.cat(
+            [
+                slot_mapping(bt[s], torch.arange(t - n, t, device=kc.device), kc.shape[1])
+                for s, (n, t) in enumerate(zip(q_lens, s_lens, strict=True))
+            ]
+        )
+        if q_lens
+        else torch.empty(0, dtype=torch.int64, device=kc.device)
+    )
     # validated: from here on the cache changes
     _write_slots(key, value, kc, vc, slots)
     out = torch.empty_like(q)
@@ -485,7 +537,9 @@ def paged_prefill(
     return out
 
 
-def _sdpa_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mask: torch.Tensor) -> torch.Tensor:
+def _sdpa_causal(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mask: torch.Tensor
+) -> torch.Tensor:
     """torch's fused attention on one gathered sequence; q [n, H, D], k/v [t, Hkv, D], ``mask`` [n, t].
 
     The n new queries are the last n rows of a causal t x t attention. When

@@ -79,7 +79,11 @@ def run_chat(
         prompt = render([Message("system", head + system), *history, Message("user", text)], engine.tokenizer)
         result = engine.generate(list(prompt.tokens), max_tokens=max_tokens)
         reply = engine.decode_text(result.output_tokens)
-        out.append(ChatTurnResult(i + 1, result.prompt_tokens, result.cache_n, result.prompt_n, result.ttft_ms, reply))
+        out.append(
+            ChatTurnResult(
+                i + 1, result.prompt_tokens, result.cache_n, result.prompt_n, result.ttft_ms, reply
+            )
+        )
         history += [Message("user", text), Message("assistant", reply)]
     return out
 

@@ -89,7 +89,9 @@ class Engine:
             num_blocks = blocks_per_seq * (4 if cache == "blocks" else 1)
         check_int("num_blocks", num_blocks, minimum=blocks_per_seq)
         if attention not in ("auto", "reference", "torch", "triton"):
-            raise InvalidArgumentError(f"unknown attention {attention!r}: use auto, reference, torch or triton")
+            raise InvalidArgumentError(
+                f"unknown attention {attention!r}: use auto, reference, torch or triton"
+            )
         if tokenizer is not None and not isinstance(tokenizer, Tokenizer):
             raise InvalidArgumentError("tokenizer must be a kvlab.core.chat_format.Tokenizer")
         self.cache_mode = cache
@@ -141,7 +143,9 @@ class Engine:
                 "shorten the prompt or build the Engine with a larger max_model_len"
             )
         if cache_salt is not None and not isinstance(cache_salt, str):
-            raise InvalidArgumentError(f"cache_salt must be a string or None, got {type(cache_salt).__name__}")
+            raise InvalidArgumentError(
+                f"cache_salt must be a string or None, got {type(cache_salt).__name__}"
+            )
         if cache_salt is not None and self.cache_mode == "slot":
             raise InvalidArgumentError("cache_salt needs cache='blocks': a llama-server slot has no salt")
         rid = self._request_id(request_id)
@@ -217,7 +221,9 @@ class Engine:
         if self.prefix_cache is not None:
             self.prefix_cache.free(rid)
         elif self.cache_mode == "slot":
-            self.slot_tokens = toks + out[:-1] if out else []  # the last sampled token never entered the cache
+            self.slot_tokens = (
+                toks + out[:-1] if out else []
+            )  # the last sampled token never entered the cache
         else:
             self._free.extend(table.tolist())
 

@@ -32,7 +32,12 @@ from kvlab.engine.attention import PREFILL_IMPLS, paged_attention, paged_prefill
 from kvlab.engine.attention import slot_mapping as compute_slots
 from kvlab.errors import InvalidArgumentError, check_int, check_tokens
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DTYPES = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
 
 
 @dataclass(frozen=True)
@@ -59,7 +64,9 @@ class ModelConfig:
                 f"d_model {self.d_model} must split into {self.num_heads} heads of an even size (RoPE rotates pairs)"
             )
         if self.num_heads % self.num_kv_heads:
-            raise InvalidArgumentError(f"num_heads {self.num_heads} must be a multiple of num_kv_heads {self.num_kv_heads}")
+            raise InvalidArgumentError(
+                f"num_heads {self.num_heads} must be a multiple of num_kv_heads {self.num_kv_heads}"
+            )
         if self.dtype not in DTYPES:
             raise InvalidArgumentError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         for name in ("rope_theta", "norm_eps"):
@@ -83,7 +90,9 @@ class ModelConfig:
 class KVPool:
     """The paged KV cache: per layer a key and a value tensor of ``num_blocks`` blocks."""
 
-    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, device: str | torch.device = "cpu"):
+    def __init__(
+        self, config: ModelConfig, num_blocks: int, block_size: int, device: str | torch.device = "cpu"
+    ):
         check_int("num_blocks", num_blocks, minimum=1)
         check_int("block_size", block_size, minimum=1)
         self.num_blocks = num_blocks
@@ -99,7 +108,9 @@ class KVPool:
 class TinyTransformer:
     """The model: weights drawn from ``config.seed``; ``prefill`` and ``decode`` read and write a ``KVPool``."""
 
-    def __init__(self, config: ModelConfig, output_ids: Sequence[int], device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self, config: ModelConfig, output_ids: Sequence[int], device: str | torch.device = "cpu"
+    ) -> None:
         if not isinstance(config, ModelConfig):
             raise InvalidArgumentError(f"config must be a ModelConfig, got {type(config).__name__}")
         self.output_ids = tuple(check_tokens("output_ids", output_ids))
@@ -129,7 +140,9 @@ class TinyTransformer:
         ]
         self.lm_head = weight(len(self.output_ids), c.d_model, fan_in=c.d_model)
         half = c.head_dim // 2
-        self.inv_freq = 1.0 / (c.rope_theta ** (torch.arange(half, dtype=torch.float64, device=self.device) / half))
+        self.inv_freq = 1.0 / (
+            c.rope_theta ** (torch.arange(half, dtype=torch.float64, device=self.device) / half)
+        )
 
     # ------------------------------------------------------------------ pieces
 
@@ -147,7 +160,9 @@ class TinyTransformer:
     def _rows(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.embedding[tokens % self.config.embedding_rows]
 
-    def _forward(self, tokens: list[int], start: int, pool: KVPool, block_table: torch.Tensor, impl: str, decode: bool):
+    def _forward(
+        self, tokens: list[int], start: int, pool: KVPool, block_table: torch.Tensor, impl: str, decode: bool
+    ):
         c = self.config
         n = len(tokens)
         ids = torch.tensor(tokens, dtype=torch.int64, device=self.device)
@@ -167,7 +182,14 @@ class TinyTransformer:
             else:
                 query_lens = torch.tensor([n], dtype=torch.int32, device=self.device)
                 attn = paged_prefill(
-                    q, k, v, key_cache, value_cache, table[None, :], seq_lens, query_lens,
+                    q,
+                    k,
+                    v,
+                    key_cache,
+                    value_cache,
+                    table[None, :],
+                    seq_lens,
+                    query_lens,
                     impl=impl if impl in PREFILL_IMPLS else "auto",
                 )
             h = h + attn.reshape(n, c.num_heads * c.head_dim) @ w["wo"]
@@ -193,7 +215,13 @@ class TinyTransformer:
 
     @torch.inference_mode()
     def prefill(
-        self, tokens: Sequence[int], start: int, pool: KVPool, block_table: torch.Tensor, *, impl: str = "auto"
+        self,
+        tokens: Sequence[int],
+        start: int,
+        pool: KVPool,
+        block_table: torch.Tensor,
+        *,
+        impl: str = "auto",
     ) -> torch.Tensor:
         """Compute ``tokens`` at positions ``start..``, whose first ``start`` positions are cached already.
 

@@ -129,13 +129,23 @@ def tenant_probe(
     baseline = 0
     for decoy in DECOYS:  # the first warms the prober's own copy of the opening; the second measures it
         res = engine.generate(prompt(decoy), max_tokens=1, cache_salt=prober_salt)
-        rows.append(ProbeRow("control", decoy, False, res.prompt_tokens, res.cache_n, res.prompt_n, res.ttft_ms, False))
+        rows.append(
+            ProbeRow(
+                "control", decoy, False, res.prompt_tokens, res.cache_n, res.prompt_n, res.ttft_ms, False
+            )
+        )
         baseline = res.cache_n
     for name in names:
         res = engine.generate(prompt(name), max_tokens=1, cache_salt=prober_salt)
         rows.append(
             ProbeRow(
-                "guess", name, name == secret, res.prompt_tokens, res.cache_n, res.prompt_n, res.ttft_ms,
+                "guess",
+                name,
+                name == secret,
+                res.prompt_tokens,
+                res.cache_n,
+                res.prompt_n,
+                res.ttft_ms,
                 res.cache_n > baseline,
             )
         )
@@ -162,5 +172,7 @@ def _check_names(secret: object, candidates: object) -> list[str]:
     if len(set(names)) != len(names):
         raise InvalidArgumentError("candidates must not repeat a name")
     if set(DECOYS) & {secret, *names}:
-        raise InvalidArgumentError(f"{' and '.join(DECOYS)} are the prober's known-wrong control names; pick others")
+        raise InvalidArgumentError(
+            f"{' and '.join(DECOYS)} are the prober's known-wrong control names; pick others"
+        )
     return names

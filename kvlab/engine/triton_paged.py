@@ -113,7 +113,9 @@ def paged_decode_kernel(
 
     has = l_i > 0.0
     out = tl.where(has[:, None], acc / tl.where(has, l_i, 1.0)[:, None], 0.0)
-    o_ptrs = out_ptr + seq * stride_o_seq + heads[:, None] * stride_o_head + split * stride_o_split + dims[None, :]
+    o_ptrs = (
+        out_ptr + seq * stride_o_seq + heads[:, None] * stride_o_head + split * stride_o_split + dims[None, :]
+    )
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
     if NUM_SPLITS > 1:
         lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))  # base 2
@@ -159,7 +161,9 @@ def compile_ahead(
 
     kernel = paged_decode_kernel
     if not hasattr(kernel, "arg_names"):
-        raise RuntimeError("the kernel was built for the interpreter (TRITON_INTERPRET=1); compile in a fresh process")
+        raise RuntimeError(
+            "the kernel was built for the interpreter (TRITON_INTERPRET=1); compile in a fresh process"
+        )
     element = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}[dtype]
     consts = kernel_constants(block_size, head_dim, group, num_splits, dtype)
     out_type = element if num_splits == 1 else "*fp32"
@@ -176,7 +180,9 @@ def compile_ahead(
     return triton.compile(source, target=GPUTarget("cuda", capability, 32))
 
 
-def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, device: torch.device, tile: int) -> int:
+def choose_num_splits(
+    num_seqs: int, num_kv_heads: int, max_seq_len: int, device: torch.device, tile: int
+) -> int:
     """Enough programs to keep every GPU core busy (about 8 per SM), never splits shorter than 4 tiles."""
     if device.type != "cuda":
         return 1
@@ -206,7 +212,9 @@ def triton_paged_attention(
     q = query.contiguous()
     for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
         if cache.stride(3) != 1:
-            raise ValueError(f"{name} must have a contiguous head_dim")  # pragma: no cover - callers pass views rarely
+            raise ValueError(
+                f"{name} must have a contiguous head_dim"
+            )  # pragma: no cover - callers pass views rarely
     if num_splits is None:
         num_splits = choose_num_splits(num_seqs, num_kv_heads, int(lens.max()), query.device, tile)
     consts = kernel_constants(block_size, head_dim, group, num_splits, query.dtype, tile)

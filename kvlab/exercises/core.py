@@ -334,4 +334,3 @@ def hint(exercise_id: str) -> None:
     _attempts[ex.id] = tries + 1
     text = ex.hints[min(tries, len(ex.hints) - 1)]
     print(f"Hint for {ex.id} ({min(tries, len(ex.hints) - 1) + 1} of {len(ex.hints)}): {text}")
-

@@ -62,9 +62,13 @@ def queue_after_d(answer: list[Any]) -> str:
             f"before d2 and d1, and the older {before} all go before any of D's blocks."
         )
     if answer == before + table:
-        raise NotYet("That frees D's blocks in table order. vLLM releases a request's blocks last block first.")
-    if sorted(answer) == sorted(expected) and answer[len(before):] == expected[len(before):]:
-        raise NotYet("D's blocks are right; the blocks that were already free keep their places at the front.")
+        raise NotYet(
+            "That frees D's blocks in table order. vLLM releases a request's blocks last block first."
+        )
+    if sorted(answer) == sorted(expected) and answer[len(before) :] == expected[len(before) :]:
+        raise NotYet(
+            "D's blocks are right; the blocks that were already free keep their places at the front."
+        )
     if sorted(answer) != sorted(expected):
         raise NotYet(f"After D finishes all {len(expected)} blocks of the pool are free; list each once.")
     raise NotYet(f"{answer} is not the order of the free queue after D finishes.")
@@ -139,12 +143,16 @@ def front_rule(answer: list[Any]) -> str:
     for table in tables:
         lesson_rule += table[::-1]
     if answer == lesson_rule:
-        raise NotYet("That is the lesson's program, which puts every freed block at the back. "
-                     "vLLM puts blocks without a hash at the front.")
+        raise NotYet(
+            "That is the lesson's program, which puts every freed block at the back. "
+            "vLLM puts blocks without a hash at the front."
+        )
     if sorted(answer) != sorted(expected):
         raise NotYet(f"After both finish, all {num_blocks} blocks are free; list each once.")
     if answer[:2] == expected[:2][::-1]:
-        raise NotYet("Q finishes after P, so Q's partial block is put at the front after P's is: it is ahead of it.")
+        raise NotYet(
+            "Q finishes after P, so Q's partial block is put at the front after P's is: it is ahead of it."
+        )
     raise NotYet(f"{answer} is not the order of the free queue after P and Q finish.")
 
 
@@ -177,7 +185,9 @@ def release(answer: Any) -> str:
         if any(b in got for b in shared):
             raise NotYet(f"{shown} returned {got}: block(s) {shared} are still held by another request.")
         if sorted(got) == sorted(expected):
-            raise NotYet(f"{shown} returned {got}: the right blocks, in another order than vLLM's {expected}.")
+            raise NotYet(
+                f"{shown} returned {got}: the right blocks, in another order than vLLM's {expected}."
+            )
         raise NotYet(f"{shown} returned {got}; kvlab's PrefixCache leaves the queue as {expected}.")
     return f"It agrees with kvlab's PrefixCache on all {len(cases)} releases, shared and partial blocks included."
 

@@ -59,8 +59,10 @@ def matched_lengths(answer: list[Any]) -> str:
     high = [i + 1 for i, (a, e) in enumerate(zip(answer, expected, strict=True)) if a > e]
     parts = []
     if low:
-        parts.append(f"request(s) {low}: more tokens match than that; a match can stop in the middle of a run, "
-                     "and the tokens before the stop count")
+        parts.append(
+            f"request(s) {low}: more tokens match than that; a match can stop in the middle of a run, "
+            "and the tokens before the stop count"
+        )
     if high:
         parts.append(f"request(s) {high}: fewer tokens match; the first token that differs ends the match")
     raise NotYet("; ".join(parts) + ".")
@@ -95,7 +97,9 @@ def evicted_runs(answer: list[Any]) -> str:
             "[20, 21, 22] stays although it is older: the running request holds a lock on it."
         )
     if any(r == [20, 21, 22] or r == [1, 2, 3, 4, 5, 6] for r in got):
-        raise NotYet("The new request locked [1, 2, 3, 4, 5, 6] and [20, 21, 22]; eviction never takes a locked node.")
+        raise NotYet(
+            "The new request locked [1, 2, 3, 4, 5, 6] and [20, 21, 22]; eviction never takes a locked node."
+        )
     if got == expected[:1]:
         raise NotYet(f"That frees {len(expected[0])} tokens, fewer than the {EVICT_TOKENS} asked for.")
     if sorted(map(tuple, got)) == sorted(map(tuple, expected)):
@@ -134,7 +138,9 @@ def stored_tokens(answer: Any) -> str:
             extra = ""
             if got == sum(len(p) for p in prompts):
                 extra = " That is every prompt token; shared prefixes are stored once."
-            raise NotYet(f"stored_tokens({_short(prompts)}) returned {got!r}; the radix tree stores another number.{extra}")
+            raise NotYet(
+                f"stored_tokens({_short(prompts)}) returned {got!r}; the radix tree stores another number.{extra}"
+            )
     return f"It agrees with kvlab's RadixTree on {len(cases)} prompt sets, the lesson's 13 entries for 27 tokens among them."
 
 
@@ -164,9 +170,13 @@ def page_size_four(answer: list[Any]) -> str:
             "prompt's last whole page are not cached at all."
         )
     if answer[0] == 9:
-        raise NotYet("9 is the lesson's answer at page size 1. With pages of 4, can a match end after token 9?")
+        raise NotYet(
+            "9 is the lesson's answer at page size 1. With pages of 4, can a match end after token 9?"
+        )
     if answer[1] == 13:
-        raise NotYet("13 is the page-size-1 count. Cut each prompt to whole pages and split only on page boundaries.")
+        raise NotYet(
+            "13 is the page-size-1 count. Cut each prompt to whole pages and split only on page boundaries."
+        )
     raise NotYet(f"{answer} is not what the page_size=4 tree reports.")
 
 

@@ -45,7 +45,9 @@ def _whole(value: Any) -> bool:
 def usable_or_not(answer: list[Any]) -> str:
     expected = [checkpoint_usable(cp, n_past, N_SWA) for _, cp, n_past in USABLE_CASES]
     if len(answer) != len(USABLE_CASES) or not all(isinstance(a, bool) for a in answer):
-        raise NotYet(f"Give {len(USABLE_CASES)} values True or False, one per case A to D, e.g. [True, True, False, False].")
+        raise NotYet(
+            f"Give {len(USABLE_CASES)} values True or False, one per case A to D, e.g. [True, True, False, False]."
+        )
     if answer == expected:
         return (
             "A full copy of the ring spans 768 positions, so once it ends by the reuse point it also starts early "
@@ -56,13 +58,17 @@ def usable_or_not(answer: list[Any]) -> str:
             continue
         threshold = max(0, n_past - N_SWA)
         if cp.pos_max > n_past:
-            raise NotYet(f"Look at {name}: it ends at {cp.pos_max}, after the reuse point {n_past}. "
-                         "It holds the state of tokens the new prompt does not share.")
+            raise NotYet(
+                f"Look at {name}: it ends at {cp.pos_max}, after the reuse point {n_past}. "
+                "It holds the state of tokens the new prompt does not share."
+            )
         if cp.pos_min == 0:
             raise NotYet(f"Look at {name}: it starts at position 0, so no earlier position can be missing.")
         if cp.pos_min >= threshold:
-            raise NotYet(f"Look at {name}: continuing at {n_past} needs positions from {threshold}, "
-                         f"but it starts at {cp.pos_min}.")
+            raise NotYet(
+                f"Look at {name}: continuing at {n_past} needs positions from {threshold}, "
+                f"but it starts at {cp.pos_min}."
+            )
         raise NotYet(f"Look at {name} again: it ends by {n_past} and starts before {threshold}.")
     raise NotYet("Check each case against both conditions.")  # pragma: no cover - the loop always finds one
 
@@ -123,15 +129,23 @@ def smallest_ring_reuse(answer: int) -> str:
             "n - 128 (current llama.cpp; older builds compared the other way and would accept this one)."
         )
     if answer == oldest:
-        raise NotYet(f"{oldest} is the oldest position the cells hold; a reuse point also needs the 128 positions before it.")
+        raise NotYet(
+            f"{oldest} is the oldest position the cells hold; a reuse point also needs the 128 positions before it."
+        )
     if answer == LONG_PROMPT - N_SWA:
-        raise NotYet(f"{answer} is where the append-only follow-up's window starts; "
-                     "look for the smallest shared prefix instead.")
+        raise NotYet(
+            f"{answer} is where the append-only follow-up's window starts; "
+            "look for the smallest shared prefix instead."
+        )
     if answer >= LONG_PROMPT:
-        raise NotYet(f"The second request shares part of the first one's {LONG_PROMPT:,} tokens; give a smaller number.")
+        raise NotYet(
+            f"The second request shares part of the first one's {LONG_PROMPT:,} tokens; give a smaller number."
+        )
     if answer < expected:
-        raise NotYet(f"At {answer} the local layers would need positions from {max(0, answer - N_SWA)}; "
-                     f"the cells start at {oldest}.")
+        raise NotYet(
+            f"At {answer} the local layers would need positions from {max(0, answer - N_SWA)}; "
+            f"the cells start at {oldest}."
+        )
     raise NotYet(f"{answer} works, but a smaller shared prefix works too.")
 
 
@@ -157,11 +171,15 @@ def checkpoint_placement(answer: list[Any]) -> str:
         spans = ", ".join(f"[{cp.pos_min}, {cp.pos_max}]" for cp in plan)
         return f"Checkpoints at {expected} tokens, covering {spans}: the 768 cells before each."
     if answer == [cp.pos_max for cp in plan]:
-        raise NotYet("Those are the last positions each checkpoint covers; give n_tokens, one more than pos_max.")
+        raise NotYet(
+            "Those are the last positions each checkpoint covers; give n_tokens, one more than pos_max."
+        )
     if sorted(answer) == expected:
         raise NotYet("Right numbers; list them oldest first.")
     if len(answer) != len(expected):
-        raise NotYet(f"A {PLAN_TOKENS:,}-token prompt gets {len(expected)} checkpoints in this case, not {len(answer)}.")
+        raise NotYet(
+            f"A {PLAN_TOKENS:,}-token prompt gets {len(expected)} checkpoints in this case, not {len(answer)}."
+        )
     if answer == [PLAN_TOKENS - 512, PLAN_TOKENS]:
         raise NotYet("Count the 4 tokens that are always kept for the last batch.")
     raise NotYet(f"{answer} is not where the server checkpoints a {PLAN_TOKENS:,}-token prompt.")
@@ -203,11 +221,15 @@ def chat_cache_n(answer: list[Any]) -> str:
     if answer[0] + answer[1] != CHAT_TOTAL:
         raise NotYet(f"cache_n + prompt_n is always the prompt's length, {CHAT_TOTAL}.")
     if answer[0] == CHAT_SHARED:
-        raise NotYet(f"That is what --swa-full would give. Here the SWA cells no longer hold the positions "
-                     f"{CHAT_SHARED - N_SWA}..{CHAT_SHARED - 1}.")
+        raise NotYet(
+            f"That is what --swa-full would give. Here the SWA cells no longer hold the positions "
+            f"{CHAT_SHARED - N_SWA}..{CHAT_SHARED - 1}."
+        )
     if answer[0] == n_tokens:
-        raise NotYet(f"The checkpoint was taken at {n_tokens} tokens (positions 0..{n_tokens - 1}), but the server "
-                     f"restarts at its last position, {n_tokens - 1}, and processes that token again.")
+        raise NotYet(
+            f"The checkpoint was taken at {n_tokens} tokens (positions 0..{n_tokens - 1}), but the server "
+            f"restarts at its last position, {n_tokens - 1}, and processes that token again."
+        )
     if answer[0] == 0:
         raise NotYet("Not a full re-processing this time: one checkpoint ends early enough. Which?")
     raise NotYet(f"{answer} is not what the server reports; find the checkpoint it restores first.")

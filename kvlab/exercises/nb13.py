@@ -16,7 +16,10 @@ from kvlab.server.agents import AppendOnly, KeepLast, run_agent
 
 TURNS, PREFIX, RESULT = 20, 2000, 400
 KEEP = 3  # 13.1: keep the last 3 results
-CLOCK_TOKENS, CLOCK_AT = 10, 100  # 13.2: a 10-token clock, after the first 100 prefix tokens or at the very end
+CLOCK_TOKENS, CLOCK_AT = (
+    10,
+    100,
+)  # 13.2: a 10-token clock, after the first 100 prefix tokens or at the very end
 CLOCK_FIRST_ID = 800_000
 BUDGET_PROMPT = 6000  # 13.3: no prompt longer than this
 BUDGET_FACTOR = 1.5  # 13.3: total processed at most this times the least any policy can process
@@ -44,8 +47,10 @@ def keep_last_three(answer: int) -> str:
     expected = run.total_processed
     if answer == expected:
         append = run_agent(AppendOnly()).total_processed
-        return (f"{expected:,} tokens, {expected / append:.2f} times append-only's {append:,}, for a final prompt of "
-                f"{run.final_prompt:,} tokens.")
+        return (
+            f"{expected:,} tokens, {expected / append:.2f} times append-only's {append:,}, for a final prompt of "
+            f"{run.final_prompt:,} tokens."
+        )
     keep5 = run_agent(KeepLast(5)).total_processed
     if answer == keep5:
         raise NotYet(f"{keep5:,} is the lesson's figure for keeping 5; redo it for 3.")
@@ -90,8 +95,10 @@ def clock_placement(answer: list[Any]) -> str:
     if len(answer) != 2 or not all(_whole(a) for a in answer):
         raise NotYet("Give two whole numbers: [tokens processed with the clock early, with the clock last].")
     if answer == [early, late]:
-        return (f"{early:,} against {late:,}: the same 10 changing tokens cost {early / late:.0f} times more near "
-                "the start, because the cache only reuses what comes before the first difference.")
+        return (
+            f"{early:,} against {late:,}: the same 10 changing tokens cost {early / late:.0f} times more near "
+            "the start, because the cache only reuses what comes before the first difference."
+        )
     if answer == [late, early]:
         raise NotYet("Swapped: the clock inside the system prompt is the expensive one.")
     append = run_agent(AppendOnly()).total_processed
@@ -123,8 +130,10 @@ def _arguments(turn: int) -> tuple[_Shown, _Shown]:
     """The (prefix, results) run_agent passes the policy on ``turn`` (1-based)."""
     first = 100_000  # run_agent's default first result id
     results = [tuple(range(first + RESULT * k, first + RESULT * (k + 1))) for k in range(turn)]
-    return (_shown(range(PREFIX), f"<prefix: {PREFIX:,} tokens>"),
-            _shown(results, f"<results: {turn} of {RESULT} tokens>"))
+    return (
+        _shown(range(PREFIX), f"<prefix: {PREFIX:,} tokens>"),
+        _shown(results, f"<results: {turn} of {RESULT} tokens>"),
+    )
 
 
 @exercise(
@@ -147,17 +156,25 @@ def trimming_policy(answer: Any) -> str:
         prefix, results = _arguments(turn)
         got = call(answer, prefix, results)
         if isinstance(got, (str, bytes)) or not hasattr(got, "__iter__"):
-            raise NotYet(f"On turn {turn} your policy returned {type(got).__name__}; return a list of token ids.")
+            raise NotYet(
+                f"On turn {turn} your policy returned {type(got).__name__}; return a list of token ids."
+            )
         prompt = list(got)
         if prompt[:PREFIX] != list(prefix):
-            raise NotYet(f"Turn {turn}'s prompt does not start with the whole fixed prefix (rule 1: never change it).")
+            raise NotYet(
+                f"Turn {turn}'s prompt does not start with the whole fixed prefix (rule 1: never change it)."
+            )
         kept = [t for r in results[-LAST_KEPT:] for t in r]
-        if prompt[len(prompt) - len(kept):] != kept:
-            raise NotYet(f"Turn {turn}'s prompt does not end with the last {min(turn, LAST_KEPT)} results in full, "
-                         "oldest first; the agent needs its latest work.")
+        if prompt[len(prompt) - len(kept) :] != kept:
+            raise NotYet(
+                f"Turn {turn}'s prompt does not end with the last {min(turn, LAST_KEPT)} results in full, "
+                "oldest first; the agent needs its latest work."
+            )
         if len(prompt) > BUDGET_PROMPT:
-            raise NotYet(f"Turn {turn}'s prompt has {len(prompt):,} tokens; the budget is {BUDGET_PROMPT:,}. "
-                         "Trim the history before that.")
+            raise NotYet(
+                f"Turn {turn}'s prompt has {len(prompt):,} tokens; the budget is {BUDGET_PROMPT:,}. "
+                "Trim the history before that."
+            )
     try:
         run = run_agent(answer, name="your policy")
     except KvlabError as exc:  # e.g. a policy that answers differently when called again
@@ -166,10 +183,16 @@ def trimming_policy(answer: Any) -> str:
     budget = int(BUDGET_FACTOR * least)
     if run.total_processed > budget:
         worst = sorted(run.turns, key=lambda t: -t.processed_tokens)[:3]
-        where = ", ".join(f"turn {t.turn} ({t.processed_tokens:,})" for t in sorted(worst, key=lambda t: t.turn))
-        raise NotYet(f"Your policy processes {run.total_processed:,} tokens over {TURNS} turns; the budget is "
-                     f"{budget:,}. The costliest turns: {where}. Compact less often, in larger steps.")
+        where = ", ".join(
+            f"turn {t.turn} ({t.processed_tokens:,})" for t in sorted(worst, key=lambda t: t.turn)
+        )
+        raise NotYet(
+            f"Your policy processes {run.total_processed:,} tokens over {TURNS} turns; the budget is "
+            f"{budget:,}. The costliest turns: {where}. Compact less often, in larger steps."
+        )
     append = run_agent(AppendOnly()).total_processed
     keep5 = run_agent(KeepLast(5)).total_processed
-    return (f"{run.total_processed:,} tokens processed (append-only: {append:,}, keep the last 5: {keep5:,}), "
-            f"largest prompt {max(t.prompt_tokens for t in run.turns):,}, final prompt {run.final_prompt:,}.")
+    return (
+        f"{run.total_processed:,} tokens processed (append-only: {append:,}, keep the last 5: {keep5:,}), "
+        f"largest prompt {max(t.prompt_tokens for t in run.turns):,}, final prompt {run.final_prompt:,}."
+    )

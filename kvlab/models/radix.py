@@ -104,10 +104,10 @@ class SlotAllocator:
 
     def alloc(self, n: int) -> tuple[int, ...]:
         take = min(n, len(self._free) - self._head)
-        out = self._free[self._head:self._head + take]
+        out = self._free[self._head : self._head + take]
         self._head += take
         if self._head > 4096 and 2 * self._head > len(self._free):
-            del self._free[:self._head]
+            del self._free[: self._head]
             self._head = 0
         fresh = n - take
         if fresh:
@@ -119,7 +119,9 @@ class SlotAllocator:
 
     def free(self, slots: Sequence[int]) -> None:
         if not self.in_use.issuperset(slots) or len(set(slots)) != len(slots):
-            raise RuntimeError(f"a slot of {list(slots)[:8]} is freed twice")  # a bug in the tree, not user error
+            raise RuntimeError(
+                f"a slot of {list(slots)[:8]} is freed twice"
+            )  # a bug in the tree, not user error
         self.in_use.difference_update(slots)
         self._free.extend(slots)
         self.freed_total += len(slots)
@@ -149,8 +151,15 @@ class RadixNode:
         "tree",
     )
 
-    def __init__(self, tree: RadixTree, node_id: int, key: tuple[int, ...], value: tuple[int, ...],
-                 extra_key: str | None, parent: RadixNode | None) -> None:
+    def __init__(
+        self,
+        tree: RadixTree,
+        node_id: int,
+        key: tuple[int, ...],
+        value: tuple[int, ...],
+        extra_key: str | None,
+        parent: RadixNode | None,
+    ) -> None:
         self.tree = tree
         self.node_id = node_id
         self.key = key
@@ -368,7 +377,9 @@ class RadixTree:
         for parent in deferred:
             self._push(parent)
         runs = list(self._evicted_runs)
-        self._record(f"evict {num_tokens}: freed {freed} tokens in {len(runs)} {'leaf' if len(runs) == 1 else 'leaves'}")
+        self._record(
+            f"evict {num_tokens}: freed {freed} tokens in {len(runs)} {'leaf' if len(runs) == 1 else 'leaves'}"
+        )
         return runs
 
     def nodes(self) -> Iterator[RadixNode]:
@@ -423,8 +434,9 @@ class RadixTree:
         self._clock += 1
         return self._clock
 
-    def _new_node(self, key: tuple[int, ...], value: tuple[int, ...], extra_key: str | None,
-                  parent: RadixNode | None) -> RadixNode:
+    def _new_node(
+        self, key: tuple[int, ...], value: tuple[int, ...], extra_key: str | None, parent: RadixNode | None
+    ) -> RadixNode:
         node = RadixNode(self, self._next_id, key, value, extra_key, parent)
         self._next_id += 1
         self._num_nodes += 1
@@ -433,13 +445,13 @@ class RadixTree:
         return node
 
     def _child_key(self, tokens: tuple[int, ...], start: int, extra_key: str | None) -> Hashable:
-        plain: Hashable = tokens[start] if self.page_size == 1 else tokens[start:start + self.page_size]
+        plain: Hashable = tokens[start] if self.page_size == 1 else tokens[start : start + self.page_size]
         return plain if extra_key is None else (extra_key, plain)
 
     def _common_len(self, run: tuple[int, ...], tokens: tuple[int, ...], start: int) -> int:
         """Tokens of ``run`` that equal ``tokens[start:]``, rounded down to whole pages."""
         size = len(run)
-        if tokens[start:start + size] == run:
+        if tokens[start : start + size] == run:
             return size
         limit = min(size, len(tokens) - start)
         i = 0

@@ -47,8 +47,13 @@ OP_FIELDS = {
     "unlock": ("node",),
     "evict": ("num_tokens",),
 }
-REQUIRED = {"insert": ("tokens",), "match": ("tokens",), "lock": ("node",), "unlock": ("node",),
-            "evict": ("num_tokens",)}
+REQUIRED = {
+    "insert": ("tokens",),
+    "match": ("tokens",),
+    "lock": ("node",),
+    "unlock": ("node",),
+    "evict": ("num_tokens",),
+}
 
 
 def replay(config: dict[str, Any], ops: list[Any]) -> list[dict[str, Any]]:
@@ -88,7 +93,9 @@ def _apply(tree: RadixTree, handles: dict[str, RadixNode], op: object) -> dict[s
         tokens, extra_key = _key(fields)
         handle = fields.get("as")
         if handle is not None and (not isinstance(handle, str) or not handle):
-            raise InvalidArgumentError(f"'as' must be a non-empty string naming the matched node, got {handle!r}")
+            raise InvalidArgumentError(
+                f"'as' must be a non-empty string naming the matched node, got {handle!r}"
+            )
         result = tree.match(tokens, extra_key)
         if handle is not None:
             handles[handle] = result.node
@@ -100,7 +107,7 @@ def _apply(tree: RadixTree, handles: dict[str, RadixNode], op: object) -> dict[s
         if ref not in handles:
             known = ", ".join(repr(h) for h in handles) or "none yet"
             raise InvalidArgumentError(
-                f"no node named {ref!r} (named so far: {known}); name one with a match's \"as\" first"
+                f'no node named {ref!r} (named so far: {known}); name one with a match\'s "as" first'
             )
         (tree.lock if name == "lock" else tree.unlock)(handles[ref])
     else:
@@ -115,8 +122,10 @@ def _apply(tree: RadixTree, handles: dict[str, RadixNode], op: object) -> dict[s
 
 def _check_shape(op: object) -> tuple[str, dict[str, Any]]:
     if not isinstance(op, dict):
-        raise InvalidArgumentError(f'each op must be a JSON object such as {{"op": "insert", "tokens": [1, 2]}}, '
-                                   f"got {type(op).__name__}")
+        raise InvalidArgumentError(
+            f'each op must be a JSON object such as {{"op": "insert", "tokens": [1, 2]}}, '
+            f"got {type(op).__name__}"
+        )
     name = op.get("op")
     if name not in OP_FIELDS:
         raise InvalidArgumentError(f"unknown op {name!r}: use one of {', '.join(OP_FIELDS)}")

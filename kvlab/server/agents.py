@@ -161,7 +161,9 @@ def run_agent(
             raise InvalidArgumentError(f"the policy failed on turn {turn + 1}: {exc}") from exc
         prompt = check_tokens(f"the policy's prompt on turn {turn + 1}", built)
         if server is not None and len(prompt) >= server.n_ctx:
-            raise InvalidArgumentError(f"turn {turn + 1}'s prompt ({len(prompt)} tokens) does not fit n_ctx {server.n_ctx}")
+            raise InvalidArgumentError(
+                f"turn {turn + 1}'s prompt ({len(prompt)} tokens) does not fit n_ctx {server.n_ctx}"
+            )
         prompts.append(prompt)
     cached: list[int] = []
     out: list[AgentTurn] = []

@@ -61,9 +61,14 @@ class AgentSession:
         timestamp_tokens: int = 10,
         seed: int = 1,
     ) -> None:
-        for name, v in (("system_tokens", system_tokens), ("n_tools", n_tools), ("tool_tokens", tool_tokens),
-                        ("message_tokens", message_tokens), ("answer_tokens", answer_tokens),
-                        ("timestamp_tokens", timestamp_tokens)):
+        for name, v in (
+            ("system_tokens", system_tokens),
+            ("n_tools", n_tools),
+            ("tool_tokens", tool_tokens),
+            ("message_tokens", message_tokens),
+            ("answer_tokens", answer_tokens),
+            ("timestamp_tokens", timestamp_tokens),
+        ):
             check_int(name, v, minimum=0)
         if tool_tokens > 100 or message_tokens + answer_tokens > 1000 or timestamp_tokens > 10:
             raise InvalidArgumentError(
@@ -72,7 +77,11 @@ class AgentSession:
             )
         check_int("seed", seed)
         self.system_tokens, self.n_tools, self.tool_tokens = system_tokens, n_tools, tool_tokens
-        self.message_tokens, self.answer_tokens, self.timestamp_tokens = message_tokens, answer_tokens, timestamp_tokens
+        self.message_tokens, self.answer_tokens, self.timestamp_tokens = (
+            message_tokens,
+            answer_tokens,
+            timestamp_tokens,
+        )
         self.random = JavaRandom(seed)
         self.history: list[int] = []
 
@@ -107,7 +116,9 @@ class Segment:
         if not isinstance(self.name, str) or not self.name:
             raise InvalidArgumentError("a segment needs a non-empty name")
         if not callable(self.build):
-            raise InvalidArgumentError(f"segment {self.name!r}: build must be a callable (session, turn) -> tokens")
+            raise InvalidArgumentError(
+                f"segment {self.name!r}: build must be a callable (session, turn) -> tokens"
+            )
 
 
 def fixed(name: str, tokens: Sequence[int]) -> Segment:
@@ -156,7 +167,12 @@ def new_message() -> Segment:
 LESSON_LAYOUTS: dict[str, Callable[[], list[Segment]]] = {
     "stable prefix": lambda: [system_prompt(), tool_definitions(), history(), new_message()],
     "timestamp first": lambda: [timestamp(), system_prompt(), tool_definitions(), history(), new_message()],
-    "tools in random order": lambda: [system_prompt(), tool_definitions(shuffled=True), history(), new_message()],
+    "tools in random order": lambda: [
+        system_prompt(),
+        tool_definitions(shuffled=True),
+        history(),
+        new_message(),
+    ],
 }
 
 
@@ -294,7 +310,9 @@ def _run(
             try:
                 built = seg.build(session, turn)
             except Exception as exc:  # a user's build function failed: say which segment
-                raise InvalidArgumentError(f"segment {seg.name!r} failed to build turn {turn}: {exc}") from exc
+                raise InvalidArgumentError(
+                    f"segment {seg.name!r} failed to build turn {turn}: {exc}"
+                ) from exc
             toks = check_tokens(f"segment {seg.name!r} (turn {turn}) tokens", built, allow_empty=True)
             spans.append(SegmentSpan(seg.name, len(prompt), len(toks)))
             prompt += toks
@@ -311,11 +329,17 @@ def _run(
             change = 0
             while change < min(len(previous), len(prompt)) and previous[change] == prompt[change]:
                 change += 1
-        out.append(LayoutTurn(
-            turn=turn, prompt_tokens=len(prompt), cached_tokens=cached, segments=tuple(spans),
-            first_change=change, changed_segment=None if change is None else _segment_at(spans, change),
-            first_miss_segment=_segment_at(spans, cached),
-        ))
+        out.append(
+            LayoutTurn(
+                turn=turn,
+                prompt_tokens=len(prompt),
+                cached_tokens=cached,
+                segments=tuple(spans),
+                first_change=change,
+                changed_segment=None if change is None else _segment_at(spans, change),
+                first_miss_segment=_segment_at(spans, cached),
+            )
+        )
         previous = prompt
         session.end_turn(turn)
     return LayoutRun(name, tuple(out), block_size, scheme)

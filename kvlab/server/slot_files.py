@@ -67,7 +67,9 @@ class ModelShape:
         check_int("n_kv_heads", self.n_kv_heads, minimum=1)
         check_int("head_dim", self.head_dim, minimum=1)
         if self.dtype not in DTYPES:
-            raise InvalidArgumentError(f"dtype {self.dtype!r} is not supported: use one of {', '.join(DTYPES)}")
+            raise InvalidArgumentError(
+                f"dtype {self.dtype!r} is not supported: use one of {', '.join(DTYPES)}"
+            )
 
     @property
     def itemsize(self) -> int:
@@ -154,8 +156,14 @@ def encode_slot(data: SlotData) -> bytes:
             parts.append(np.ascontiguousarray(arr[layer]).tobytes())
     payload = b"".join(parts)
     head = _HEADER.pack(
-        MAGIC, FORMAT_VERSION, shape.n_layers, shape.n_kv_heads, shape.head_dim,
-        DTYPES[shape.dtype][0], n, hashlib.sha256(payload).digest(),
+        MAGIC,
+        FORMAT_VERSION,
+        shape.n_layers,
+        shape.n_kv_heads,
+        shape.head_dim,
+        DTYPES[shape.dtype][0],
+        n,
+        hashlib.sha256(payload).digest(),
     )
     return head + payload
 
@@ -167,12 +175,16 @@ def decode_slot(blob: bytes, shape: ModelShape) -> SlotData:
         raise InvalidArgumentError(f"blob must be bytes, got {type(blob).__name__}")
     blob = bytes(blob)
     if len(blob) < _HEADER.size:
-        raise SlotFileError(f"the file is truncated: {len(blob)} bytes, shorter than the {_HEADER.size}-byte header")
+        raise SlotFileError(
+            f"the file is truncated: {len(blob)} bytes, shorter than the {_HEADER.size}-byte header"
+        )
     magic, version, n_layers, n_heads, head_dim, code, n, digest = _HEADER.unpack_from(blob)
     if magic != MAGIC:
         raise SlotFileError("this is not a kvlab slot file (wrong magic bytes)")
     if version != FORMAT_VERSION:
-        raise SlotFileError(f"slot file format version {version} is not supported (this kvlab reads {FORMAT_VERSION})")
+        raise SlotFileError(
+            f"slot file format version {version} is not supported (this kvlab reads {FORMAT_VERSION})"
+        )
     if code not in _DTYPE_BY_CODE:
         raise SlotFileError(f"the file names an unknown dtype code {code}; it is corrupted")
     saved = ModelShape(n_layers, n_heads, head_dim, _DTYPE_BY_CODE[code])
@@ -185,7 +197,9 @@ def decode_slot(blob: bytes, shape: ModelShape) -> SlotData:
     if len(blob) < want:
         raise SlotFileError(f"the file is truncated: {len(blob)} bytes, {want} expected for {n} tokens")
     if len(blob) > want:
-        raise SlotFileError(f"the file has {len(blob) - want} bytes more than {n} tokens need; it is corrupted")
+        raise SlotFileError(
+            f"the file has {len(blob) - want} bytes more than {n} tokens need; it is corrupted"
+        )
     payload = blob[_HEADER.size :]
     if hashlib.sha256(payload).digest() != digest:
         raise SlotFileError("the file's checksum does not match its contents; it is corrupted")
@@ -195,7 +209,9 @@ def decode_slot(blob: bytes, shape: ModelShape) -> SlotData:
     cells = np.frombuffer(payload, dtype=_CELL, count=n, offset=off)
     off += _CELL.itemsize * n
     if not (np.array_equal(cells["pos"], np.arange(n)) and np.all(cells["n_seq"] == 1)):
-        raise SlotFileError("the file's cell metadata is not one sequence at positions 0..n-1; it is corrupted")
+        raise SlotFileError(
+            "the file's cell metadata is not one sequence at positions 0..n-1; it is corrupted"
+        )
     row = n_heads * head_dim * shape.itemsize
     dtype = DTYPES[shape.dtype][1]
     arrays: list[list[np.ndarray]] = [[], []]
@@ -266,13 +282,28 @@ class SlotActionResult:
 
     def to_json(self) -> dict[str, object]:
         if self.is_save:
-            return {"id_slot": self.id_slot, "filename": self.filename, "n_saved": self.n_tokens, "n_written": self.n_bytes}
-        return {"id_slot": self.id_slot, "filename": self.filename, "n_restored": self.n_tokens, "n_read": self.n_bytes}
+            return {
+                "id_slot": self.id_slot,
+                "filename": self.filename,
+                "n_saved": self.n_tokens,
+                "n_written": self.n_bytes,
+            }
+        return {
+            "id_slot": self.id_slot,
+            "filename": self.filename,
+            "n_restored": self.n_tokens,
+            "n_read": self.n_bytes,
+        }
 
 
 def save_slot(
-    server: object, slot_id: int, filename: str, *, directory: str | os.PathLike[str],
-    shape: ModelShape = TINY_MODEL, seed: int = 0,
+    server: object,
+    slot_id: int,
+    filename: str,
+    *,
+    directory: str | os.PathLike[str],
+    shape: ModelShape = TINY_MODEL,
+    seed: int = 0,
 ) -> SlotActionResult:
     """``POST /slots/{slot_id}?action=save``: write the slot's tokens and (stand-in) KV to a file."""
     from kvlab.server.slots import SlotServer
@@ -288,7 +319,12 @@ def save_slot(
 
 
 def restore_slot(
-    server: object, slot_id: int, filename: str, *, directory: str | os.PathLike[str], shape: ModelShape = TINY_MODEL
+    server: object,
+    slot_id: int,
+    filename: str,
+    *,
+    directory: str | os.PathLike[str],
+    shape: ModelShape = TINY_MODEL,
 ) -> SlotActionResult:
     """``POST /slots/{slot_id}?action=restore``: load a file into an idle slot; nothing changes on error."""
     from kvlab.server.slots import SlotServer
@@ -354,15 +390,25 @@ def offload_estimate(
     """Read time of the file against prefill at 2 FLOPs per parameter per token (defaults: the lesson's)."""
     check_int("n_tokens", n_tokens, minimum=0)
     check_int("bytes_per_token", bytes_per_token, minimum=1)
-    for name, v in (("n_params", n_params), ("read_bytes_per_s", read_bytes_per_s), ("cpu_flops", cpu_flops),
-                    ("gpu_flops", gpu_flops), ("gpu_efficiency", gpu_efficiency)):
+    for name, v in (
+        ("n_params", n_params),
+        ("read_bytes_per_s", read_bytes_per_s),
+        ("cpu_flops", cpu_flops),
+        ("gpu_flops", gpu_flops),
+        ("gpu_efficiency", gpu_efficiency),
+    ):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
             raise InvalidArgumentError(f"{name} must be a positive number, got {v!r}")
     if gpu_efficiency > 1:
         raise InvalidArgumentError(f"gpu_efficiency is a fraction of peak (0 to 1], got {gpu_efficiency}")
     return OffloadEstimate(
-        n_tokens, bytes_per_token, float(read_bytes_per_s), n_tokens * 2 * float(n_params),
-        float(cpu_flops), float(gpu_flops), float(gpu_efficiency),
+        n_tokens,
+        bytes_per_token,
+        float(read_bytes_per_s),
+        n_tokens * 2 * float(n_params),
+        float(cpu_flops),
+        float(gpu_flops),
+        float(gpu_efficiency),
     )
 
 

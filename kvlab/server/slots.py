@@ -209,7 +209,9 @@ class SlotServer:
     def state(self) -> SlotServerState:
         last = next(reversed(self._records.values()), None) if self._records else None
         return SlotServerState(
-            slots=tuple(SlotState(s.slot_id, tuple(s.tokens), s.request_id, s.t_last_used) for s in self._slots),
+            slots=tuple(
+                SlotState(s.slot_id, tuple(s.tokens), s.request_id, s.t_last_used) for s in self._slots
+            ),
             ram_cache=tuple(self._ram),
             ram_limit_bytes=self.ram_limit_bytes,
             last=last,
@@ -229,8 +231,12 @@ class SlotServer:
     ) -> RequestRecord:
         """Serve one request start to finish and return its record (``start`` then ``finish``)."""
         rec = self.start(
-            prompt, max_tokens=max_tokens, generated=generated, id_slot=id_slot,
-            cache_prompt=cache_prompt, request_id=request_id,
+            prompt,
+            max_tokens=max_tokens,
+            generated=generated,
+            id_slot=id_slot,
+            cache_prompt=cache_prompt,
+            request_id=request_id,
         )
         return self.finish(rec.request_id)
 
@@ -258,7 +264,9 @@ class SlotServer:
             cache_prompt = self.cache_prompt
         _check_bool("cache_prompt", cache_prompt)
         if id_slot >= self.n_slots:
-            raise InvalidArgumentError(f"id_slot {id_slot} does not exist: this server has {self.n_slots} slot(s)")
+            raise InvalidArgumentError(
+                f"id_slot {id_slot} does not exist: this server has {self.n_slots} slot(s)"
+            )
         if len(toks) >= self.n_ctx:
             raise InvalidArgumentError(
                 f"the prompt has {len(toks)} tokens but a slot holds {self.n_ctx}: shorten it or raise n_ctx"
@@ -284,11 +292,17 @@ class SlotServer:
                     f"(max_tokens {max_tokens}, room left in the slot {self.n_ctx - len(toks)})"
                 )
             if max_tokens > 0 and not gen:
-                raise InvalidArgumentError("generated is empty: a request with max_tokens > 0 samples at least one token")
+                raise InvalidArgumentError(
+                    "generated is empty: a request with max_tokens > 0 samples at least one token"
+                )
         if id_slot != -1 and self._slots[id_slot].request_id is not None:
-            raise SlotBusyError(f"slot {id_slot} is busy with {self._slots[id_slot].request_id}; finish it first")
+            raise SlotBusyError(
+                f"slot {id_slot} is busy with {self._slots[id_slot].request_id}; finish it first"
+            )
         if all(s.request_id is not None for s in self._slots):
-            raise SlotBusyError(f"all {self.n_slots} slots are busy; finish a request first (the server would wait)")
+            raise SlotBusyError(
+                f"all {self.n_slots} slots are busy; finish a request first (the server would wait)"
+            )
 
         # ---- validated; from here on the state changes
         slot, selected_by, similarity, update_cache = self._select_slot(toks, id_slot)
@@ -304,12 +318,21 @@ class SlotServer:
         slot.request_id = request_id
         slot.pending = (list(toks), gen)
         rec = RequestRecord(
-            request_id=request_id, slot_id=slot.slot_id, selected_by=selected_by, similarity=similarity,
-            prompt_tokens=len(toks), cache_n=n_past, prompt_n=len(toks) - n_past, max_tokens=max_tokens,
-            ram_saved=saved, ram_loaded=loaded,
+            request_id=request_id,
+            slot_id=slot.slot_id,
+            selected_by=selected_by,
+            similarity=similarity,
+            prompt_tokens=len(toks),
+            cache_n=n_past,
+            prompt_n=len(toks) - n_past,
+            max_tokens=max_tokens,
+            ram_saved=saved,
+            ram_loaded=loaded,
         )
         self._records[request_id] = rec
-        self._snap(f"{request_id} on slot {slot.slot_id} ({selected_by}): cache_n {n_past}, prompt_n {rec.prompt_n}")
+        self._snap(
+            f"{request_id} on slot {slot.slot_id} ({selected_by}): cache_n {n_past}, prompt_n {rec.prompt_n}"
+        )
         return rec
 
     def finish(self, request_id: str) -> RequestRecord:
@@ -329,7 +352,9 @@ class SlotServer:
         self._clock += 1
         rec = replace(rec, n_generated=len(gen), finished=True)
         self._records[request_id] = rec
-        self._snap(f"{request_id} done: {len(gen)} sampled, slot {slot.slot_id} keeps {len(slot.tokens)} tokens")
+        self._snap(
+            f"{request_id} done: {len(gen)} sampled, slot {slot.slot_id} keeps {len(slot.tokens)} tokens"
+        )
         return rec
 
     # ------------------------------------------------------------------ slot actions (example 11)
@@ -360,7 +385,9 @@ class SlotServer:
     def _slot(self, slot_id: int) -> _Slot:
         check_int("slot_id", slot_id, minimum=0)
         if slot_id >= self.n_slots:
-            raise InvalidArgumentError(f"slot {slot_id} does not exist: this server has {self.n_slots} slot(s)")
+            raise InvalidArgumentError(
+                f"slot {slot_id} does not exist: this server has {self.n_slots} slot(s)"
+            )
         return self._slots[slot_id]
 
     def _select_slot(self, prompt: list[int], id_slot: int) -> tuple[_Slot, str, float | None, bool]:
@@ -450,10 +477,25 @@ class TurnCounters:
 
 # the lesson's recorded values (llama-server, tiny qwen2-vocab model, -np 1 --cache-ram 0, max_tokens 8)
 LESSON_MAX_TOKENS = 8
-LESSON_APPEND_ONLY = (TurnCounters(34, 0, 34), TurnCounters(56, 41, 15), TurnCounters(78, 63, 15), TurnCounters(100, 85, 15))
-LESSON_CLOCK = (TurnCounters(46, 3, 43), TurnCounters(68, 10, 58), TurnCounters(90, 10, 80), TurnCounters(112, 10, 102))
+LESSON_APPEND_ONLY = (
+    TurnCounters(34, 0, 34),
+    TurnCounters(56, 41, 15),
+    TurnCounters(78, 63, 15),
+    TurnCounters(100, 85, 15),
+)
+LESSON_CLOCK = (
+    TurnCounters(46, 3, 43),
+    TurnCounters(68, 10, 58),
+    TurnCounters(90, 10, 80),
+    TurnCounters(112, 10, 102),
+)
 # the same experiment on another build (shared/notes/llama-server.md): cache_n = previous + 8 - 1 again
-NOTES_APPEND_ONLY = (TurnCounters(76, 0, 76), TurnCounters(134, 83, 51), TurnCounters(184, 141, 43), TurnCounters(248, 191, 57))
+NOTES_APPEND_ONLY = (
+    TurnCounters(76, 0, 76),
+    TurnCounters(134, 83, 51),
+    TurnCounters(184, 141, 43),
+    TurnCounters(248, 191, 57),
+)
 
 
 def predicted_cache_n(prompt_tokens: Sequence[int], max_tokens: int) -> list[int]:
@@ -524,7 +566,11 @@ def replay_chat(
     history. ``clock(turn)`` (0-based) is put at the start of the system prompt,
     like the lesson's "Time: 10:00:00." run.
     """
-    if isinstance(user_messages, str) or not all(isinstance(m, str) for m in user_messages) or not user_messages:
+    if (
+        isinstance(user_messages, str)
+        or not all(isinstance(m, str) for m in user_messages)
+        or not user_messages
+    ):
         raise InvalidArgumentError("user_messages must be a non-empty list of strings")
     if not isinstance(system, str):
         raise InvalidArgumentError("system must be a string")
@@ -543,7 +589,11 @@ def replay_chat(
         gen = reply_tokens(tokenizer, prompt.tokens, min(max_tokens, server.n_ctx - len(prompt)))
         rec = server.complete(prompt.tokens, max_tokens=max_tokens, generated=gen)
         reply = tokenizer.decode(gen)
-        out.append(ChatTurn(i + 1, rec.prompt_tokens, rec.cache_n, rec.prompt_n, prev + max_tokens - 1 if i else 0, reply))
+        out.append(
+            ChatTurn(
+                i + 1, rec.prompt_tokens, rec.cache_n, rec.prompt_n, prev + max_tokens - 1 if i else 0, reply
+            )
+        )
         prev = rec.prompt_tokens
         history += [Message("user", text), Message("assistant", reply)]
     return out
@@ -581,11 +631,18 @@ class Example10:
             ("clock in system prompt", self.lesson_clock, self.kvlab_clock),
         ):
             for i, (a, b) in enumerate(zip(lesson, ours, strict=False)):
-                out.append({
-                    "run": run, "turn": i + 1,
-                    "lesson_prompt_tokens": a.prompt_tokens, "lesson_cache_n": a.cache_n, "lesson_prompt_n": a.prompt_n,
-                    "kvlab_prompt_tokens": b.prompt_tokens, "kvlab_cache_n": b.cache_n, "kvlab_prompt_n": b.prompt_n,
-                })
+                out.append(
+                    {
+                        "run": run,
+                        "turn": i + 1,
+                        "lesson_prompt_tokens": a.prompt_tokens,
+                        "lesson_cache_n": a.cache_n,
+                        "lesson_prompt_n": a.prompt_n,
+                        "kvlab_prompt_tokens": b.prompt_tokens,
+                        "kvlab_cache_n": b.cache_n,
+                        "kvlab_prompt_n": b.prompt_n,
+                    }
+                )
         return out
 
 
@@ -597,8 +654,15 @@ def example_10(max_tokens: int = LESSON_MAX_TOKENS) -> Example10:
     """
     server = SlotServer(1, cache_ram_mib=0)
     tok = Tokenizer()
-    plain = replay_chat(EXAMPLE_MESSAGES, system=EXAMPLE_SYSTEM, server=server, tokenizer=tok, max_tokens=max_tokens)
+    plain = replay_chat(
+        EXAMPLE_MESSAGES, system=EXAMPLE_SYSTEM, server=server, tokenizer=tok, max_tokens=max_tokens
+    )
     timed = replay_chat(
-        EXAMPLE_MESSAGES, system=EXAMPLE_SYSTEM, server=server, tokenizer=tok, max_tokens=max_tokens, clock=clock_at_ten
+        EXAMPLE_MESSAGES,
+        system=EXAMPLE_SYSTEM,
+        server=server,
+        tokenizer=tok,
+        max_tokens=max_tokens,
+        clock=clock_at_ten,
     )
     return Example10(LESSON_APPEND_ONLY, LESSON_CLOCK, tuple(plain), tuple(timed), max_tokens)

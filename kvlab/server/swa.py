@@ -63,7 +63,9 @@ from kvlab.errors import InvalidArgumentError, KvlabError, check_int, check_toke
 EMPTY = -1
 
 
-def swa_cache_cells(n_swa: int, n_ctx: int = 4096, n_ubatch: int = 512, n_seq: int = 1, *, swa_full: bool = False) -> int:
+def swa_cache_cells(
+    n_swa: int, n_ctx: int = 4096, n_ubatch: int = 512, n_seq: int = 1, *, swa_full: bool = False
+) -> int:
     """Cells of llama.cpp's SWA cache: pad256(min(n_ctx, n_swa * n_seq + n_ubatch)), or n_ctx with --swa-full."""
     check_int("n_swa", n_swa, minimum=1)
     check_int("n_ctx", n_ctx, minimum=1)
@@ -282,7 +284,11 @@ class SwaSlot:
         if len(toks) >= cfg.n_ctx:
             raise InvalidArgumentError(f"the prompt has {len(toks)} tokens; the slot holds {cfg.n_ctx}")
         n_gen = min(max_tokens, cfg.n_ctx - len(toks))
-        gen = list(range(1000, 1000 + n_gen)) if generated is None else check_tokens("generated", generated, allow_empty=True)
+        gen = (
+            list(range(1000, 1000 + n_gen))
+            if generated is None
+            else check_tokens("generated", generated, allow_empty=True)
+        )
         if len(gen) > n_gen or (max_tokens > 0 and not gen):
             raise InvalidArgumentError(f"generated must hold 1 to {n_gen} tokens (max_tokens {max_tokens})")
 
@@ -322,7 +328,10 @@ class SwaSlot:
             what = f"restored checkpoint [{restored.pos_min}, {restored.pos_max}]"
         else:
             what = "cache reused"
-        self._snap(f"common prefix {lcp}, needs positions from {threshold}: {what}; cache_n {cache_n}", restored=restored)
+        self._snap(
+            f"common prefix {lcp}, needs positions from {threshold}: {what}; cache_n {cache_n}",
+            restored=restored,
+        )
 
         batches, created = self._process_prompt(toks, starts)
         for t in gen[:-1]:  # each sampled token but the last is decoded in the next step
@@ -331,14 +340,26 @@ class SwaSlot:
         if gen:
             self._snap(f"sampled {len(gen)} token(s); the slot keeps {len(self.tokens)}")
         rec = SwaRequestRecord(
-            prompt_tokens=n, common_prefix=lcp, threshold=threshold, ring_pos_min=ring_min, checks=tuple(checks),
-            restored=restored, forced_full=forced, erased=erased, cache_n=cache_n, prompt_n=n - cache_n,
-            batches=tuple(batches), created=tuple(created), n_generated=len(gen),
+            prompt_tokens=n,
+            common_prefix=lcp,
+            threshold=threshold,
+            ring_pos_min=ring_min,
+            checks=tuple(checks),
+            restored=restored,
+            forced_full=forced,
+            erased=erased,
+            cache_n=cache_n,
+            prompt_n=n - cache_n,
+            batches=tuple(batches),
+            created=tuple(created),
+            n_generated=len(gen),
         )
         self.records.append(rec)
         return rec
 
-    def _process_prompt(self, toks: list[int], starts: list[int]) -> tuple[list[tuple[int, int]], list[Checkpoint]]:
+    def _process_prompt(
+        self, toks: list[int], starts: list[int]
+    ) -> tuple[list[tuple[int, int]], list[Checkpoint]]:
         cfg = self.config
         n = len(toks)
         user = set(starts)
@@ -363,8 +384,14 @@ class SwaSlot:
                 do_checkpoint = False
             if self.ring.pos_min < 0:  # nothing to copy yet
                 do_checkpoint = False
-            if do_checkpoint and self.checkpoints and not (
-                start == last_user or near_end or start > self.checkpoints[-1].n_tokens + cfg.checkpoint_min_step
+            if (
+                do_checkpoint
+                and self.checkpoints
+                and not (
+                    start == last_user
+                    or near_end
+                    or start > self.checkpoints[-1].n_tokens + cfg.checkpoint_min_step
+                )
             ):
                 do_checkpoint = False
             cp = None
@@ -397,7 +424,9 @@ def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
-def checkpoint_plan(n_tokens: int, config: SwaConfig | None = None, user_starts: Sequence[int] = ()) -> list[Checkpoint]:
+def checkpoint_plan(
+    n_tokens: int, config: SwaConfig | None = None, user_starts: Sequence[int] = ()
+) -> list[Checkpoint]:
     """Checkpoints an empty slot creates while processing an ``n_tokens`` prompt."""
     check_int("n_tokens", n_tokens, minimum=1)
     slot = SwaSlot(config)
@@ -436,10 +465,17 @@ class Example12:
         """The lesson's reasoning, with every number taken from the simulation."""
         short = self.default[1]
         ring_start = short.ring_pos_min
-        lines = [f"position {short.common_prefix} needs SWA entries from {short.threshold}; SWA cache starts at {ring_start}"]
-        lines += [f"checkpoint [{c.pos_min}, {c.pos_max}]: {'usable' if c.usable else 'not usable'}" for c in short.checks]
+        lines = [
+            f"position {short.common_prefix} needs SWA entries from {short.threshold}; SWA cache starts at {ring_start}"
+        ]
+        lines += [
+            f"checkpoint [{c.pos_min}, {c.pos_max}]: {'usable' if c.usable else 'not usable'}"
+            for c in short.checks
+        ]
         lines.append(
-            "forcing full prompt re-processing: cache_n = 0" if short.forced_full else f"reuse {short.cache_n} tokens"
+            "forcing full prompt re-processing: cache_n = 0"
+            if short.forced_full
+            else f"reuse {short.cache_n} tokens"
         )
         f = self.follow_up
         verdict = f"reuse all {f.cache_n} tokens" if not f.forced_full and f.restored is None else "reprocess"

@@ -31,7 +31,9 @@ def steps_of(history: object, state_type: type | tuple[type, ...] | None = None)
             f"or a list of snapshots, got {type(history).__name__}"
         )
     if not steps:
-        raise InvalidArgumentError("the history is empty: record at least one snapshot (record=True on the model)")
+        raise InvalidArgumentError(
+            "the history is empty: record at least one snapshot (record=True on the model)"
+        )
     out: list[tuple[str, Any]] = []
     for i, item in enumerate(steps):
         if isinstance(item, Step):
@@ -39,8 +41,14 @@ def steps_of(history: object, state_type: type | tuple[type, ...] | None = None)
         else:
             caption, state = f"snapshot {i}", item
         if state_type is not None and not isinstance(state, state_type):
-            names = state_type.__name__ if isinstance(state_type, type) else " or ".join(t.__name__ for t in state_type)
-            raise InvalidArgumentError(f"step {i} holds a {type(state).__name__}, but this view needs a {names}")
+            names = (
+                state_type.__name__
+                if isinstance(state_type, type)
+                else " or ".join(t.__name__ for t in state_type)
+            )
+            raise InvalidArgumentError(
+                f"step {i} holds a {type(state).__name__}, but this view needs a {names}"
+            )
         out.append((str(caption), state))
     return out
 
@@ -107,7 +115,9 @@ def title_text(title: str, subtitle: str | None = None) -> dict[str, Any]:
     return {"text": text}
 
 
-def top_margin(title: dict[str, Any], axis_on_top: bool = False, head_lines: int = 0, sub_lines: int = 0) -> int:
+def top_margin(
+    title: dict[str, Any], axis_on_top: bool = False, head_lines: int = 0, sub_lines: int = 0
+) -> int:
     """Room above the plot for the title's lines and, when there, a top axis with its title.
 
     ``head_lines`` and ``sub_lines`` reserve room for at least that many title
@@ -142,6 +152,7 @@ def fit_label(text: str, room_px: float, font_px: float = 10) -> str:
     become "copy" over "of 2"), keeping the end that tells two requests
     apart; only what still does not fit is cut, with an ellipsis.
     """
+
     def fits(part: str) -> bool:
         return text_px(part, font_px) <= room_px
 
@@ -168,8 +179,14 @@ def cut_to(text: str, room_px: float, font_px: float = 10) -> str:
     return text + "…" if text else ""
 
 
-def legend_height(data: Sequence[Mapping[str, Any]], *, left: float, width: int = NARROWEST,
-                  font_px: int = 11, traceorder: str | None = None) -> int:
+def legend_height(
+    data: Sequence[Mapping[str, Any]],
+    *,
+    left: float,
+    width: int = NARROWEST,
+    font_px: int = 11,
+    traceorder: str | None = None,
+) -> int:
     """Pixels a horizontal legend of ``data``'s legend entries takes in a ``width`` px figure.
 
     plotly wraps a horizontal legend into as many rows as the width needs:
@@ -199,8 +216,16 @@ def legend_height(data: Sequence[Mapping[str, Any]], *, left: float, width: int 
     return int(rows * (font_px + 18) + 8)  # a row is as tall as its symbols, about 29 px at 11 px text
 
 
-def legend_entry(name: str, color: str, *, symbol: str = "square", group: str | None = None,
-                 line_color: str = INK, size: int = 14, visible: bool = True) -> dict[str, Any]:
+def legend_entry(
+    name: str,
+    color: str,
+    *,
+    symbol: str = "square",
+    group: str | None = None,
+    line_color: str = INK,
+    size: int = 14,
+    visible: bool = True,
+) -> dict[str, Any]:
     """A trace with no points that only puts a coloured swatch and a name in the legend."""
     return {
         "type": "scatter", "x": [None], "y": [None], "mode": "markers", "name": name,
@@ -209,8 +234,9 @@ def legend_entry(name: str, color: str, *, symbol: str = "square", group: str | 
     }  # fmt: skip
 
 
-def rect_path(cells: Iterable[tuple[float, float]], half_w: float = 0.5, half_h: float = 0.5,
-              inset: float = 0.0) -> tuple[list[float | None], list[float | None]]:
+def rect_path(
+    cells: Iterable[tuple[float, float]], half_w: float = 0.5, half_h: float = 0.5, inset: float = 0.0
+) -> tuple[list[float | None], list[float | None]]:
     """x and y lists drawing one closed rectangle around each (x, y) centre, separated by gaps."""
     xs: list[float | None] = []
     ys: list[float | None] = []
@@ -222,7 +248,9 @@ def rect_path(cells: Iterable[tuple[float, float]], half_w: float = 0.5, half_h:
     return xs, ys
 
 
-def cross_path(cells: Iterable[tuple[float, float]], half: float = 0.32) -> tuple[list[float | None], list[float | None]]:
+def cross_path(
+    cells: Iterable[tuple[float, float]], half: float = 0.32
+) -> tuple[list[float | None], list[float | None]]:
     """x and y lists drawing an X over each cell centre."""
     xs: list[float | None] = []
     ys: list[float | None] = []
@@ -232,8 +260,19 @@ def cross_path(cells: Iterable[tuple[float, float]], half: float = 0.32) -> tupl
     return xs, ys
 
 
-def line_trace(name: str, xs: list, ys: list, *, color: str, dash: str = "solid", width: float = 3,
-               xaxis: str = "x", yaxis: str = "y", legend: bool = True, group: str | None = None) -> dict[str, Any]:
+def line_trace(
+    name: str,
+    xs: list,
+    ys: list,
+    *,
+    color: str,
+    dash: str = "solid",
+    width: float = 3,
+    xaxis: str = "x",
+    yaxis: str = "y",
+    legend: bool = True,
+    group: str | None = None,
+) -> dict[str, Any]:
     """A line trace; with ``legend`` it is listed in the legend even when it has nothing to draw."""
     if legend and not xs:
         xs, ys = [None], [None]

@@ -58,17 +58,25 @@ def _runs(runs: object) -> list[tuple[str, AgentRun]]:
             f"runs must be a kvlab.server.agents.AgentRun, a list of them or a dict name -> AgentRun, got {type(runs).__name__}"
         )
     if not pairs:
-        raise InvalidArgumentError("runs is empty: give at least one AgentRun (kvlab.server.agents.run_agent)")
+        raise InvalidArgumentError(
+            "runs is empty: give at least one AgentRun (kvlab.server.agents.run_agent)"
+        )
     for name, run in pairs:
         if not isinstance(run, AgentRun):
-            raise InvalidArgumentError(f"{name!r} is a {type(run).__name__}, not a kvlab.server.agents.AgentRun")
+            raise InvalidArgumentError(
+                f"{name!r} is a {type(run).__name__}, not a kvlab.server.agents.AgentRun"
+            )
     lengths = {len(run.turns) for _, run in pairs}
     if len(lengths) != 1:
-        raise InvalidArgumentError(f"the runs have different numbers of turns ({sorted(lengths)}); play the same turns")
+        raise InvalidArgumentError(
+            f"the runs have different numbers of turns ({sorted(lengths)}); play the same turns"
+        )
     return pairs
 
 
-def agent_turns_history(runs: Mapping[str, AgentRun] | Sequence[AgentRun] | AgentRun) -> History[AgentTurnsState]:
+def agent_turns_history(
+    runs: Mapping[str, AgentRun] | Sequence[AgentRun] | AgentRun,
+) -> History[AgentTurnsState]:
     """The runs side by side, one step per turn (step 0: before the first turn)."""
     pairs = _runs(runs)
     names = tuple(n for n, _ in pairs)
@@ -92,9 +100,16 @@ def _check_state(state: object) -> None:
         )
 
 
-def agent_turn_spec(state: AgentTurnsState, previous: AgentTurnsState | None = None, *, title: str | None = None,
-                    caption: str | None = None, prompt_max: int | None = None, total_max: int | None = None,
-                    prefix_tokens: int | None = None) -> Spec:
+def agent_turn_spec(
+    state: AgentTurnsState,
+    previous: AgentTurnsState | None = None,
+    *,
+    title: str | None = None,
+    caption: str | None = None,
+    prompt_max: int | None = None,
+    total_max: int | None = None,
+    prefix_tokens: int | None = None,
+) -> Spec:
     """One turn of every policy as plain dicts: the prompt (cached | processed) and the running total."""
     _check_state(state)
     check_title(title)
@@ -185,20 +200,36 @@ def agent_turns_hints(history: object) -> dict[str, int]:
     }
 
 
-def agent_turn_figure(runs: Mapping[str, AgentRun] | Sequence[AgentRun] | AgentRun, turn: int, *,
-                      prefix_tokens: int | None = None, title: str | None = None) -> go.Figure:
+def agent_turn_figure(
+    runs: Mapping[str, AgentRun] | Sequence[AgentRun] | AgentRun,
+    turn: int,
+    *,
+    prefix_tokens: int | None = None,
+    title: str | None = None,
+) -> go.Figure:
     """One turn of the runs, on the axes of the whole run (``turn`` counts from 1)."""
     history = agent_turns_history(runs)
     check_int("turn", turn, minimum=1)
     if turn >= len(history):
         raise InvalidArgumentError(f"turn {turn} does not exist: the runs have turns 1..{len(history) - 1}")
-    return go.Figure(agent_turn_spec(history[turn].state, title=title, caption=title or history[turn].caption,
-                                     prefix_tokens=prefix_tokens, **agent_turns_hints(history)))
+    return go.Figure(
+        agent_turn_spec(
+            history[turn].state,
+            title=title,
+            caption=title or history[turn].caption,
+            prefix_tokens=prefix_tokens,
+            **agent_turns_hints(history),
+        )
+    )
 
 
-def agent_turns_animation(runs: Mapping[str, AgentRun] | Sequence[AgentRun] | AgentRun, *,
-                          prefix_tokens: int | None = None, title: str | None = None,
-                          frame_ms: int = DEFAULT_FRAME_MS) -> go.Figure:
+def agent_turns_animation(
+    runs: Mapping[str, AgentRun] | Sequence[AgentRun] | AgentRun,
+    *,
+    prefix_tokens: int | None = None,
+    title: str | None = None,
+    frame_ms: int = DEFAULT_FRAME_MS,
+) -> go.Figure:
     """The runs turn by turn, with play and a slider; works in exported HTML."""
     check_title(title)
     history = agent_turns_history(runs)
@@ -207,13 +238,20 @@ def agent_turns_animation(runs: Mapping[str, AgentRun] | Sequence[AgentRun] | Ag
     specs = []
     for i, (caption, state) in enumerate(steps):
         head = step_caption(i, len(steps), caption)
-        specs.append(agent_turn_spec(state, caption=f"{title} · {head}" if title else head,
-                                     prefix_tokens=prefix_tokens, **hints))
+        specs.append(
+            agent_turn_spec(
+                state, caption=f"{title} · {head}" if title else head, prefix_tokens=prefix_tokens, **hints
+            )
+        )
     return animate(specs, [c for c, _ in steps], frame_ms=frame_ms)
 
 
-def agent_turns_stepper(runs: Mapping[str, AgentRun] | Sequence[AgentRun] | AgentRun, *,
-                        prefix_tokens: int | None = None, interval_ms: int = 900) -> Stepper:
+def agent_turns_stepper(
+    runs: Mapping[str, AgentRun] | Sequence[AgentRun] | AgentRun,
+    *,
+    prefix_tokens: int | None = None,
+    interval_ms: int = 900,
+) -> Stepper:
     """A ``Stepper`` over the runs' turns (needs a running kernel)."""
     history = agent_turns_history(runs)
     view = partial(_stepper_view, prefix_tokens=prefix_tokens, **agent_turns_hints(history))
@@ -224,8 +262,9 @@ def _stepper_view(state: AgentTurnsState, previous: AgentTurnsState | None, **op
     return agent_turn_spec(state, previous, title="Agent turns: cached and processed tokens", **options)
 
 
-def prompt_split_figure(runs: Mapping[str, AgentRun] | Sequence[AgentRun] | AgentRun, *,
-                        title: str | None = None) -> go.Figure:
+def prompt_split_figure(
+    runs: Mapping[str, AgentRun] | Sequence[AgentRun] | AgentRun, *, title: str | None = None
+) -> go.Figure:
     """Every turn's prompt split into cached and processed tokens: one panel per run, stacked, same axes.
 
     The numbers over the bars are the tokens processed on that turn; each
@@ -246,8 +285,10 @@ def prompt_split_figure(runs: Mapping[str, AgentRun] | Sequence[AgentRun] | Agen
         turns = [t.turn for t in run.turns]
         cached = [t.cached_tokens for t in run.turns]
         processed = [t.processed_tokens for t in run.turns]
-        for label, values, color, pattern in (("from the cache", cached, theme.BLUE, ""),
-                                              ("processed", processed, theme.ORANGE, "/")):
+        for label, values, color, pattern in (
+            ("from the cache", cached, theme.BLUE, ""),
+            ("processed", processed, theme.ORANGE, "/"),
+        ):
             data.append({
                 "type": "bar", "x": turns, "y": values, "name": label, "legendgroup": label, "showlegend": i == 0,
                 "marker": {"color": color, "line": {"color": "white", "width": 0.5},

@@ -32,7 +32,9 @@ def step_caption(index: int, count: int, caption: str) -> str:
     return f"Step {index} of {count - 1}: {caption}" if count > 1 else caption
 
 
-def view_specs(view: str, history: object, *, title: str | None = None, **options: Any) -> tuple[list[Spec], list[str]]:
+def view_specs(
+    view: str, history: object, *, title: str | None = None, **options: Any
+) -> tuple[list[Spec], list[str]]:
     """One spec per snapshot of ``history`` for ``view`` (a name of ``VIEW_SPECS``), and the captions."""
     if view not in VIEW_SPECS:
         raise InvalidArgumentError(f"unknown view {view!r}: use one of {', '.join(VIEW_SPECS)}")
@@ -64,8 +66,10 @@ def animate(specs: list[Spec], captions: list[str], *, frame_ms: int = DEFAULT_F
     margins = [s["layout"].get("margin", {}) for s in specs]
     top = max(m.get("t", 80) for m in margins)
     bottom = max(m.get("b", 80) for m in margins)
-    plot_h = max(s["layout"].get("height", 450) - m.get("t", 80) - m.get("b", 80) for s, m in zip(specs, margins,
-                                                                                                 strict=True))
+    plot_h = max(
+        s["layout"].get("height", 450) - m.get("t", 80) - m.get("b", 80)
+        for s, m in zip(specs, margins, strict=True)
+    )
     # the controls start under the legend, as wrapped at the narrowest width, or under the bottom margin
     legend = layout.get("legend") or {}
     left = float(layout.get("margin", {}).get("l", 80))
@@ -73,7 +77,9 @@ def animate(specs: list[Spec], captions: list[str], *, frame_ms: int = DEFAULT_F
                               traceorder=legend.get("traceorder"))  # fmt: skip
     while True:
         legend_top = -float(legend.get("y", 0)) * plot_h if legend.get("yanchor") == "top" else 0.0
-        controls_top = max(bottom, int(legend_top + legend_px + 8)) if layout.get("showlegend", True) else bottom
+        controls_top = (
+            max(bottom, int(legend_top + legend_px + 8)) if layout.get("showlegend", True) else bottom
+        )
         if controls_top + _BUTTONS_PX <= 2 * plot_h:
             break
         plot_h = (controls_top + _BUTTONS_PX) // 2 + 1  # plotly places controls at most 2 plot heights below
@@ -117,27 +123,40 @@ def _animation(view: str, history: object, *, title: str | None, frame_ms: int, 
     return animate(specs, captions, frame_ms=frame_ms)
 
 
-def contiguous_animation(history: object, *, title: str | None = None, frame_ms: int = DEFAULT_FRAME_MS) -> go.Figure:
+def contiguous_animation(
+    history: object, *, title: str | None = None, frame_ms: int = DEFAULT_FRAME_MS
+) -> go.Figure:
     """Example 1 step by step: regions placed and released, gaps opening, refusals."""
     return _animation("contiguous", history, title=title, frame_ms=frame_ms)
 
 
-def block_pool_animation(history: object, *, highlight: tuple[str, int] | None = None, title: str | None = None,
-                         frame_ms: int = DEFAULT_FRAME_MS) -> go.Figure:
+def block_pool_animation(
+    history: object,
+    *,
+    highlight: tuple[str, int] | None = None,
+    title: str | None = None,
+    frame_ms: int = DEFAULT_FRAME_MS,
+) -> go.Figure:
     """Examples 2-5 and 7 step by step: the block grid and the block tables after every operation.
 
     ``highlight=(request_id, position)`` is drawn in the frames whose snapshot
     holds that token and skipped in the others.
     """
-    return _animation("block_pool", history, title=title, frame_ms=frame_ms, highlight=highlight, strict=False)
+    return _animation(
+        "block_pool", history, title=title, frame_ms=frame_ms, highlight=highlight, strict=False
+    )
 
 
-def free_queue_animation(history: object, *, title: str | None = None, frame_ms: int = DEFAULT_FRAME_MS) -> go.Figure:
+def free_queue_animation(
+    history: object, *, title: str | None = None, frame_ms: int = DEFAULT_FRAME_MS
+) -> go.Figure:
     """Example 7 step by step: the free queue front to back, with hits leaving and evictions marked."""
     return _animation("free_queue", history, title=title, frame_ms=frame_ms)
 
 
-def radix_animation(history: object, *, title: str | None = None, frame_ms: int = DEFAULT_FRAME_MS) -> go.Figure:
+def radix_animation(
+    history: object, *, title: str | None = None, frame_ms: int = DEFAULT_FRAME_MS
+) -> go.Figure:
     """Example 8 step by step: inserts, splits, the match, locks and the eviction."""
     return _animation("radix", history, title=title, frame_ms=frame_ms)
 

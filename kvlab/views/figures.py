@@ -52,8 +52,9 @@ _STATUS_SCALE = discrete_colorscale([theme.STATUS_COLORS[s] for s in theme.STATU
 _DARK_STATUSES = {"in use", "null"}
 
 
-def _heatmap(z, text, hover, *, xaxis: str, yaxis: str, name: str, font_size: int, x=None, y=None,
-             gap: int = 2) -> dict[str, Any]:
+def _heatmap(
+    z, text, hover, *, xaxis: str, yaxis: str, name: str, font_size: int, x=None, y=None, gap: int = 2
+) -> dict[str, Any]:
     trace: dict[str, Any] = {
         "type": "heatmap", "z": z, "text": text, "hovertext": hover, "name": name,
         "colorscale": _STATUS_SCALE, "zmin": -0.5, "zmax": len(theme.STATUSES) - 0.5, "showscale": False,
@@ -75,8 +76,16 @@ def _status_legend(null_block: bool) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
-def _mark(kind: str, xs: list, ys: list, *, xaxis: str = "x", yaxis: str = "y", legend: bool = True,
-          width: float = 3) -> dict[str, Any]:
+def _mark(
+    kind: str,
+    xs: list,
+    ys: list,
+    *,
+    xaxis: str = "x",
+    yaxis: str = "y",
+    legend: bool = True,
+    width: float = 3,
+) -> dict[str, Any]:
     style = theme.MARK_STYLES[kind]
     return line_trace(str(style["label"]), xs, ys, color=str(style["color"]), dash=str(style["dash"]),
                       width=width, xaxis=xaxis, yaxis=yaxis, legend=legend, group=f"mark {kind}")  # fmt: skip
@@ -92,9 +101,15 @@ def _summary_counts(state: BlockPoolState) -> dict[str, int]:
 # ====================================================================== contiguous pool (example 1)
 
 
-def contiguous_spec(state: ContiguousState, previous: ContiguousState | None = None, *,
-                    title: str | None = None, caption: str | None = None, head_lines: int = 0,
-                    sub_lines: int = 0) -> Spec:
+def contiguous_spec(
+    state: ContiguousState,
+    previous: ContiguousState | None = None,
+    *,
+    title: str | None = None,
+    caption: str | None = None,
+    head_lines: int = 0,
+    sub_lines: int = 0,
+) -> Spec:
     """The pool as one strip of slots: what each region stores, what it reserved but does not use, the gaps.
 
     ``head_lines``/``sub_lines`` (as in every ``*_spec``) reserve room for that
@@ -102,7 +117,9 @@ def contiguous_spec(state: ContiguousState, previous: ContiguousState | None = N
     """
     check_state("state", state, ContiguousState)
     pool = state.pool_size
-    parts: dict[str, dict[str, list]] = {name: {"x": [], "base": [], "hover": []} for name in theme.REGION_COLORS}
+    parts: dict[str, dict[str, list]] = {
+        name: {"x": [], "base": [], "hover": []} for name in theme.REGION_COLORS
+    }
     labels_x, labels_text, labels_color = [], [], []
     for r in state.regions:
         used = parts["stores KV"]
@@ -263,7 +280,9 @@ def label_room(cell_px: float) -> int:
 
 
 @lru_cache(maxsize=16384)
-def _block_cell(block: BlockState, owners: tuple[tuple[str, int], ...], bs: int, room: int) -> tuple[int, str, str]:
+def _block_cell(
+    block: BlockState, owners: tuple[tuple[str, int], ...], bs: int, room: int
+) -> tuple[int, str, str]:
     """(status code, label, hover text without the queue position) of one block; memoised, since
     consecutive snapshots share almost all their blocks and this is a stepper's main cost."""
     lines = [f"<b>block {block.block_id}</b> · {block.status}", theme.STATUS_MEANING[block.status]]
@@ -280,8 +299,9 @@ def _block_cell(block: BlockState, owners: tuple[tuple[str, int], ...], bs: int,
     return STATUS_CODE[block.status], _block_label(block, list(owners), room), "<br>".join(lines)
 
 
-def _block_hover(block: BlockState, state: BlockPoolState, owners: list[tuple[str, int]],
-                 queue_pos: dict[int, int]) -> str:
+def _block_hover(
+    block: BlockState, state: BlockPoolState, owners: list[tuple[str, int]], queue_pos: dict[int, int]
+) -> str:
     hover = _block_cell(block, tuple(owners), state.block_size, 8)[2]
     if block.block_id in queue_pos:
         hover += f"<br>free queue position {queue_pos[block.block_id]} (0 = handed out next)"
@@ -300,7 +320,7 @@ def _table_cell(rid: str, logical: int, b: int, k: int, bs: int, ref: int | None
 def _check_highlight(state: BlockPoolState, highlight: object) -> tuple[str, int] | None:
     if highlight is None:
         return None
-    if (not isinstance(highlight, (tuple, list)) or len(highlight) != 2 or not isinstance(highlight[0], str)):
+    if not isinstance(highlight, (tuple, list)) or len(highlight) != 2 or not isinstance(highlight[0], str):
         raise InvalidArgumentError(
             f"highlight must be (request_id, token_position), e.g. ('A', 36); got {highlight!r}"
         )
@@ -319,11 +339,21 @@ def _check_highlight(state: BlockPoolState, highlight: object) -> tuple[str, int
     return rid, pos
 
 
-def block_pool_spec(state: BlockPoolState, previous: BlockPoolState | None = None, *,
-                    highlight: tuple[str, int] | None = None, title: str | None = None,
-                    caption: str | None = None, strict: bool = True, table_rows: int = 0,
-                    table_cols: int = 0, label_px: float = 0, legend_marks: Collection[str] | None = None,
-                    head_lines: int = 0, sub_lines: int = 0) -> Spec:
+def block_pool_spec(
+    state: BlockPoolState,
+    previous: BlockPoolState | None = None,
+    *,
+    highlight: tuple[str, int] | None = None,
+    title: str | None = None,
+    caption: str | None = None,
+    strict: bool = True,
+    table_rows: int = 0,
+    table_cols: int = 0,
+    label_px: float = 0,
+    legend_marks: Collection[str] | None = None,
+    head_lines: int = 0,
+    sub_lines: int = 0,
+) -> Spec:
     """The physical blocks as a grid coloured by status, and the block tables under it.
 
     ``highlight=(request_id, position)`` outlines that token's logical block in
@@ -412,8 +442,10 @@ def block_pool_spec(state: BlockPoolState, previous: BlockPoolState | None = Non
             return [_mark(kind, xs, ys, width=2.5, legend=kind in shown)]
         gx, gy = rect_path(grid_cells, inset=inset)
         tx, ty = rect_path(table_cells, inset=inset)
-        return [_mark(kind, gx, gy, legend=kind in shown),
-                _mark(kind, tx, ty, xaxis="x2", yaxis="y2", legend=False)]
+        return [
+            _mark(kind, gx, gy, legend=kind in shown),
+            _mark(kind, tx, ty, xaxis="x2", yaxis="y2", legend=False),
+        ]
 
     data += marks("hit", state.hit_blocks, 0.07)
     data += marks("new", state.new_blocks, 0.07)
@@ -500,8 +532,9 @@ def block_pool_spec(state: BlockPoolState, previous: BlockPoolState | None = Non
     return {"data": data, "layout": layout}
 
 
-def block_pool_figure(state: BlockPoolState, highlight: tuple[str, int] | None = None, *,
-                      title: str | None = None) -> go.Figure:
+def block_pool_figure(
+    state: BlockPoolState, highlight: tuple[str, int] | None = None, *, title: str | None = None
+) -> go.Figure:
     """Examples 2-5 and 7: blocks coloured by status, above the block tables that point into them.
 
     ``highlight=("A", 36)`` shows where token 36 of request A lives: logical
@@ -513,10 +546,16 @@ def block_pool_figure(state: BlockPoolState, highlight: tuple[str, int] | None =
 # ====================================================================== free queue (example 7)
 
 
-def free_queue_spec(state: BlockPoolState, previous: BlockPoolState | None = None, *,
-                    title: str | None = None, caption: str | None = None,
-                    legend_marks: Collection[str] | None = None, head_lines: int = 0,
-                    sub_lines: int = 0) -> Spec:
+def free_queue_spec(
+    state: BlockPoolState,
+    previous: BlockPoolState | None = None,
+    *,
+    title: str | None = None,
+    caption: str | None = None,
+    legend_marks: Collection[str] | None = None,
+    head_lines: int = 0,
+    sub_lines: int = 0,
+) -> Spec:
     """The free queue from front (handed out next, so evicted first) to back, and what left it this op.
 
     With ``previous`` (the snapshot before the op) the blocks that left the
@@ -584,7 +623,8 @@ def free_queue_spec(state: BlockPoolState, previous: BlockPoolState | None = Non
         z[0][c] = STATUS_CODE[block.status]
         text[0][c] = label(block, tag)
         hover[0][c] = f"<b>block {b}</b> left the queue<br>{why}<br>" + _block_hover(
-            block, state, owners.get(b, []), queue_pos)
+            block, state, owners.get(b, []), queue_pos
+        )
 
     def qcell(b: int) -> tuple[int, int]:
         r, c = divmod(queue_pos[b], cols)
@@ -597,8 +637,9 @@ def free_queue_spec(state: BlockPoolState, previous: BlockPoolState | None = Non
     hx, hy = rect_path([left_cells[b] for b in hits if b in left_cells], inset=0.07)
     nx, ny = rect_path([left_cells[b] for b in state.new_blocks if b in left_cells], inset=0.07)
     cx, cy = rect_path([left_cells[b] for b in copies if b in left_cells], inset=0.03)
-    ex, ey = cross_path([(left_cells[b][0] + 0.27, -0.22) for b in state.evicted_blocks if b in left_cells],
-                        half=0.1)
+    ex, ey = cross_path(
+        [(left_cells[b][0] + 0.27, -0.22) for b in state.evicted_blocks if b in left_cells], half=0.1
+    )
     joined = [b for b in state.free_queue if previous is not None and b not in prev_pos]
     fx, fy = rect_path([qcell(b) for b in joined], inset=0.07)
     data += [_mark("hit", hx, hy, legend="hit" in shown), _mark("new", nx, ny, legend="new" in shown),
@@ -608,8 +649,10 @@ def free_queue_spec(state: BlockPoolState, previous: BlockPoolState | None = Non
 
     cached = sum(1 for b in state.free_queue if blocks[b].block_hash is not None)
     if state.free_queue:
-        sub = (f"{len(state.free_queue)} free blocks, {cached} still cached · front (next out): block "
-               f"{state.free_queue[0]} · back: block {state.free_queue[-1]}")
+        sub = (
+            f"{len(state.free_queue)} free blocks, {cached} still cached · front (next out): block "
+            f"{state.free_queue[0]} · back: block {state.free_queue[-1]}"
+        )
     else:
         sub = "the free queue is empty: every block is in use"
     if previous is None and left:
@@ -621,7 +664,8 @@ def free_queue_spec(state: BlockPoolState, previous: BlockPoolState | None = Non
         ticktext = ["left the queue", "free queue"]
     else:
         ticktext = ["left the queue"] + [
-            f"{r * cols}–{min(usable, (r + 1) * cols) - 1}" + (" front" if r == 0 else " back" if r == qrows - 1 else "")
+            f"{r * cols}–{min(usable, (r + 1) * cols) - 1}"
+            + (" front" if r == 0 else " back" if r == qrows - 1 else "")
             for r in range(qrows)
         ]
     cell_px = 52 if detail else 24  # room for the id and a two-line tag
@@ -649,8 +693,9 @@ def free_queue_spec(state: BlockPoolState, previous: BlockPoolState | None = Non
     return {"data": data, "layout": layout}
 
 
-def free_queue_figure(state: BlockPoolState, previous: BlockPoolState | None = None, *,
-                      title: str | None = None) -> go.Figure:
+def free_queue_figure(
+    state: BlockPoolState, previous: BlockPoolState | None = None, *, title: str | None = None
+) -> go.Figure:
     """Example 7: the free queue front to back; hits leaving it and evictions marked.
 
     Give ``previous`` (the snapshot before the op) to draw leavers above where
@@ -661,7 +706,10 @@ def free_queue_figure(state: BlockPoolState, previous: BlockPoolState | None = N
 
 # ====================================================================== radix tree (example 8)
 
-def _radix_layout(root: RadixNodeState) -> tuple[dict[int, tuple[float, int]], list[tuple[RadixNodeState, int]]]:
+
+def _radix_layout(
+    root: RadixNodeState,
+) -> tuple[dict[int, tuple[float, int]], list[tuple[RadixNodeState, int]]]:
     """x (leaves on 0, 1, 2, ...; a parent centred over its children) and depth of every node."""
     pos: dict[int, tuple[float, int]] = {}
     order: list[tuple[RadixNodeState, int]] = []
@@ -695,10 +743,17 @@ def _fit_run(tokens: Sequence[int], chars: int) -> str:
     return f"{len(tokens)} tok"
 
 
-def radix_tree_spec(state: RadixState, previous: RadixState | None = None, *,
-                    title: str | None = None, caption: str | None = None,
-                    extent: tuple[int, int, int] = (0, 0, 0), legend_marks: Collection[str] | None = None,
-                    head_lines: int = 0, sub_lines: int = 0) -> Spec:
+def radix_tree_spec(
+    state: RadixState,
+    previous: RadixState | None = None,
+    *,
+    title: str | None = None,
+    caption: str | None = None,
+    extent: tuple[int, int, int] = (0, 0, 0),
+    legend_marks: Collection[str] | None = None,
+    head_lines: int = 0,
+    sub_lines: int = 0,
+) -> Spec:
     """Node boxes with their token runs, lock counts and last access; splits, the match and evictions marked.
 
     Up to 8 leaves the tree grows downwards; a wider tree grows to the right,
@@ -789,7 +844,9 @@ def radix_tree_spec(state: RadixState, previous: RadixState | None = None, *,
                 "hoverinfo": "skip", "showlegend": False, "legendgroup": kind}  # fmt: skip
 
     pad_w, pad_h = (0.03, 0.05) if across else (0.03, 0.06)
-    split_x, split_y = rect_path([xy(i) for i in state.split_nodes if i in pos], half_w + pad_w, half_h + pad_h)
+    split_x, split_y = rect_path(
+        [xy(i) for i in state.split_nodes if i in pos], half_w + pad_w, half_h + pad_h
+    )
     matched = [xy(state.matched_node)] if state.matched_node in pos else []
     mx, my = rect_path(matched, half_w + 2 * pad_w, half_h + 2 * pad_h)
     evx, evy = rect_path(evicted_at, half_w, half_h)
@@ -850,8 +907,9 @@ def radix_tree_figure(state: RadixState, *, title: str | None = None) -> go.Figu
 # ====================================================================== hash chain (example 6)
 
 
-def _digests_of(name: str, value: object, block_size: int | None, scheme: str,
-                salt: str | None) -> tuple[list[str], list[str], list[int]]:
+def _digests_of(
+    name: str, value: object, block_size: int | None, scheme: str, salt: str | None
+) -> tuple[list[str], list[str], list[int]]:
     """(hex digests, token texts per block, tokens left in a partial block) for one row."""
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         raise InvalidArgumentError(
@@ -866,14 +924,19 @@ def _digests_of(name: str, value: object, block_size: int | None, scheme: str,
             f"chains[{name!r}] holds token ids: give block_size= so the blocks can be hashed"
         )
     digests = hashing.block_hashes(items, block_size, salt=salt, scheme=scheme)
-    texts = [tokens_text(items[i * block_size:(i + 1) * block_size], 16) for i in range(len(digests))]
-    tail = items[len(digests) * block_size:]
+    texts = [tokens_text(items[i * block_size : (i + 1) * block_size], 16) for i in range(len(digests))]
+    tail = items[len(digests) * block_size :]
     return [d.hex() for d in digests], texts, tail
 
 
-def hash_chain_spec(chains: Mapping[str, Sequence[Any]], *, block_size: int | None = None,
-                    scheme: str = "lesson", salts: Mapping[str, str] | None = None,
-                    title: str | None = None) -> Spec:
+def hash_chain_spec(
+    chains: Mapping[str, Sequence[Any]],
+    *,
+    block_size: int | None = None,
+    scheme: str = "lesson",
+    salts: Mapping[str, str] | None = None,
+    title: str | None = None,
+) -> Spec:
     """Rows of chained block hashes, each block compared with the first row's block at the same index."""
     if not isinstance(chains, Mapping) or not chains:
         raise InvalidArgumentError("chains must be a non-empty dict: row name -> digests or token ids")
@@ -920,8 +983,10 @@ def hash_chain_spec(chains: Mapping[str, Sequence[Any]], *, block_size: int | No
             i = len(digests)
             zr[i] = kinds.index(kinds[2])
             tr[i] = f"{len(tail)} tok<br>no hash"
-            hr[i] = (f"<b>{name}</b> · partial block {i}: {len(tail)} of {block_size} tokens {tokens_text(tail)}"
-                     "<br>not hashed: its content still changes as tokens are appended")
+            hr[i] = (
+                f"<b>{name}</b> · partial block {i}: {len(tail)} of {block_size} tokens {tokens_text(tail)}"
+                "<br>not hashed: its content still changes as tokens are appended"
+            )
         z.append(zr)
         text.append(tr)
         hover.append(hr)
@@ -934,8 +999,10 @@ def hash_chain_spec(chains: Mapping[str, Sequence[Any]], *, block_size: int | No
     data += [legend_entry(k, theme.CHAIN_COLORS[k]) for k in kinds]
     first_len = len(base)
     what = f"{block_size}-token blocks, " if block_size else ""
-    sub = (f"{what}scheme {scheme!r}: each block's hash covers its parent's hash, so one change "
-           f"changes every later hash · compared with {rows[0][0]!r} ({first_len} full blocks)")
+    sub = (
+        f"{what}scheme {scheme!r}: each block's hash covers its parent's hash, so one change "
+        f"changes every later hash · compared with {rows[0][0]!r} ({first_len} full blocks)"
+    )
     ttl = title_text(title or "Chained block hashes", sub)
     top = top_margin(ttl, True)
     plot_h = len(rows) * 56
@@ -954,9 +1021,14 @@ def hash_chain_spec(chains: Mapping[str, Sequence[Any]], *, block_size: int | No
     return {"data": data, "layout": layout}
 
 
-def hash_chain_figure(chains: Mapping[str, Sequence[Any]], *, block_size: int | None = None,
-                      scheme: str = "lesson", salts: Mapping[str, str] | None = None,
-                      title: str | None = None) -> go.Figure:
+def hash_chain_figure(
+    chains: Mapping[str, Sequence[Any]],
+    *,
+    block_size: int | None = None,
+    scheme: str = "lesson",
+    salts: Mapping[str, str] | None = None,
+    title: str | None = None,
+) -> go.Figure:
     """Example 6: chained block hashes per row; blocks whose hash differs from the first row's are marked.
 
     ``chains`` maps a row name to its digests (``bytes`` or hex strings, as
@@ -970,8 +1042,15 @@ def hash_chain_figure(chains: Mapping[str, Sequence[Any]], *, block_size: int | 
 # ====================================================================== bars and lines (examples 3, 9, 10, 13)
 
 
-def _chart_layout(title: dict[str, Any], plot_h: int, data: list[dict[str, Any]], *, left: int = 70,
-                  above: int = 0, **extra: Any) -> dict[str, Any]:
+def _chart_layout(
+    title: dict[str, Any],
+    plot_h: int,
+    data: list[dict[str, Any]],
+    *,
+    left: int = 70,
+    above: int = 0,
+    **extra: Any,
+) -> dict[str, Any]:
     """Layout for a bar or line chart: title, a ``plot_h`` px plot, and the legend under the x-axis title.
 
     The legend is placed in pixels below the axis title and the bottom margin
@@ -1030,7 +1109,9 @@ def _hit_rate_of(name: str, value: object) -> float:
             rate = check_number(f"{name}.hit_rate", rate_field)
         else:
             cached = check_number(f"{name} cached tokens", field(value, "cached_tokens", "cached", "cache_n"))
-            total = check_number(f"{name} prompt tokens", field(value, "total_tokens", "prompt_tokens", "total"))
+            total = check_number(
+                f"{name} prompt tokens", field(value, "total_tokens", "prompt_tokens", "total")
+            )
             if total <= 0:
                 raise InvalidArgumentError(f"{name}: prompt tokens must be positive, got {total}")
             rate = cached / total
@@ -1084,7 +1165,9 @@ def _series(data: object, what: str, value_fields: tuple[str, ...]) -> list[tupl
         if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
             values = field(values, *value_fields)
         if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
-            raise InvalidArgumentError(f"{name}: expected a list of numbers per turn, got {type(values).__name__}")
+            raise InvalidArgumentError(
+                f"{name}: expected a list of numbers per turn, got {type(values).__name__}"
+            )
         nums = []
         for i, v in enumerate(values):
             if not isinstance(v, (int, float)) or isinstance(v, bool):
@@ -1094,8 +1177,14 @@ def _series(data: object, what: str, value_fields: tuple[str, ...]) -> list[tupl
     return out
 
 
-def per_turn_figure(series: Mapping[str, Any] | Sequence[Any], *, y_title: str, title: str,
-                    value_fields: tuple[str, ...] = (), cumulative: bool = False) -> go.Figure:
+def per_turn_figure(
+    series: Mapping[str, Any] | Sequence[Any],
+    *,
+    y_title: str,
+    title: str,
+    value_fields: tuple[str, ...] = (),
+    cumulative: bool = False,
+) -> go.Figure:
     """One line per series over turns 1, 2, 3, ...; ``cumulative=True`` plots running totals."""
     check_title(title)
     if not isinstance(cumulative, bool):
@@ -1125,8 +1214,9 @@ def per_turn_figure(series: Mapping[str, Any] | Sequence[Any], *, y_title: str, 
     return go.Figure({"data": data, "layout": layout})
 
 
-def tokens_per_turn_figure(series: Mapping[str, Any] | Sequence[Any], *, cumulative: bool = False,
-                           title: str | None = None) -> go.Figure:
+def tokens_per_turn_figure(
+    series: Mapping[str, Any] | Sequence[Any], *, cumulative: bool = False, title: str | None = None
+) -> go.Figure:
     """Example 13: tokens the server must process on each turn, one line per history policy.
 
     ``series`` maps a policy name to its per-turn counts: a list of numbers, a
@@ -1134,12 +1224,18 @@ def tokens_per_turn_figure(series: Mapping[str, Any] | Sequence[Any], *, cumulat
     ``computed_tokens``), or a run with such ``turns`` (``kvlab.server.agents.example_13()``
     and ``kvlab.server.layout.example_9()`` work as they are).
     """
-    return per_turn_figure(series, y_title="tokens processed", title=title or "Tokens processed per turn",
-                           value_fields=("turns", "processed_tokens", "processed", "prompt_n", "computed_tokens",
-                                         "computed"), cumulative=cumulative)
+    return per_turn_figure(
+        series,
+        y_title="tokens processed",
+        title=title or "Tokens processed per turn",
+        value_fields=("turns", "processed_tokens", "processed", "prompt_n", "computed_tokens", "computed"),
+        cumulative=cumulative,
+    )
 
 
-def cache_n_figure(runs: Mapping[str, Sequence[Any]] | Sequence[Any], *, title: str | None = None) -> go.Figure:
+def cache_n_figure(
+    runs: Mapping[str, Sequence[Any]] | Sequence[Any], *, title: str | None = None
+) -> go.Figure:
     """Example 10: each turn's prompt split into tokens from the cache (cache_n) and processed (prompt_n).
 
     ``runs`` maps a run name to its turns, each a record with ``cache_n`` and
@@ -1180,8 +1276,10 @@ def cache_n_figure(runs: Mapping[str, Sequence[Any]] | Sequence[Any], *, title: 
     for i, (name, cs, ps) in enumerate(parsed):
         ax = "" if i == 0 else str(i + 1)
         turns = list(range(1, len(cs) + 1))
-        for label, values, color, pattern in (("cache_n: from the cache", cs, theme.BLUE, ""),
-                                              ("prompt_n: processed", ps, theme.ORANGE, "/")):
+        for label, values, color, pattern in (
+            ("cache_n: from the cache", cs, theme.BLUE, ""),
+            ("prompt_n: processed", ps, theme.ORANGE, "/"),
+        ):
             data.append({
                 "type": "bar", "x": turns, "y": values, "name": label, "legendgroup": label,
                 "showlegend": i == 0, "marker": {"color": color, "pattern": {"shape": pattern, "size": 7,
@@ -1191,11 +1289,18 @@ def cache_n_figure(runs: Mapping[str, Sequence[Any]] | Sequence[Any], *, title: 
                 "hovertemplate": f"{name} turn %{{x}}: {label.split(':')[0]} %{{y}}<extra></extra>",
             })  # fmt: skip
         x0 = i * (width + gap)
-        layout_axes[f"xaxis{ax}"] = {"domain": [x0, x0 + width], "title": {"text": "turn"}, "dtick": 1,
-                                     "anchor": f"y{ax}"}
-        layout_axes[f"yaxis{ax}"] = {"anchor": f"x{ax}", "range": [0, ymax * 1.08],
-                                     "title": {"text": "prompt tokens"} if i == 0 else None,
-                                     "matches": "y" if i else None}
+        layout_axes[f"xaxis{ax}"] = {
+            "domain": [x0, x0 + width],
+            "title": {"text": "turn"},
+            "dtick": 1,
+            "anchor": f"y{ax}",
+        }
+        layout_axes[f"yaxis{ax}"] = {
+            "anchor": f"x{ax}",
+            "range": [0, ymax * 1.08],
+            "title": {"text": "prompt tokens"} if i == 0 else None,
+            "matches": "y" if i else None,
+        }
         total = sum(ps)
         if name:
             annotations.append({"text": f"<b>{name}</b><br>processed {total:,} tokens", "xref": "paper",
@@ -1235,9 +1340,11 @@ def utilization_figure(fills: Mapping[str, Any] | Sequence[Any], *, title: str |
         n = field(rec, "requests", default=None)
         requests.append(f" · {n} requests" if n is not None else "")
     data = []
-    for label, values, color, pattern in (("stores KV", stored, theme.BLUE, ""),
-                                          ("held, unused", wasted, theme.ORANGE, "/"),
-                                          ("free", free, theme.LIGHT_GREY, "")):
+    for label, values, color, pattern in (
+        ("stores KV", stored, theme.BLUE, ""),
+        ("held, unused", wasted, theme.ORANGE, "/"),
+        ("free", free, theme.LIGHT_GREY, ""),
+    ):
         texts = [f"{v:.1f}%" + (req if label == "stores KV" else "") if v >= 4 else ""
                  for v, req in zip(values, requests, strict=True)]  # fmt: skip
         data.append({
@@ -1263,8 +1370,9 @@ def block_pool_marks(state: BlockPoolState) -> set[str]:
     return {k for k, v in found.items() if v}
 
 
-def _queue_leavers(state: BlockPoolState, previous: BlockPoolState | None
-                   ) -> tuple[list[int], dict[int, int], list[int]]:
+def _queue_leavers(
+    state: BlockPoolState, previous: BlockPoolState | None
+) -> tuple[list[int], dict[int, int], list[int]]:
     """(hits that came out of the queue, copy-on-write target -> source, every block that left the queue).
 
     Blocks leave the free queue three ways: taken from the front for new
@@ -1301,7 +1409,11 @@ def free_queue_marks(state: BlockPoolState, previous: BlockPoolState | None) -> 
 
 def radix_marks(state: RadixState) -> set[str]:
     """The marks a radix snapshot shows: a split, where a match ended, evicted runs."""
-    found = {"split": state.split_nodes, "matched": state.matched_node is not None, "evicted": state.evicted_runs}
+    found = {
+        "split": state.split_nodes,
+        "matched": state.matched_node is not None,
+        "evicted": state.evicted_runs,
+    }
     return {k for k, v in found.items() if v}
 
 
@@ -1321,7 +1433,9 @@ def view_hints(view: str, states: Sequence[Any]) -> dict[str, Any]:
         return {
             "table_rows": max((len(s.tables) for s in states), default=0),
             "table_cols": max((len(t) for s in states for _, t in s.tables), default=0),
-            "label_px": max((text_px(line, 11) for label in labels for line in label.split("<br>")), default=0),
+            "label_px": max(
+                (text_px(line, 11) for label in labels for line in label.split("<br>")), default=0
+            ),
             "legend_marks": set().union(*(block_pool_marks(s) for s in states)),
         }
     if view == "free_queue":
@@ -1329,8 +1443,10 @@ def view_hints(view: str, states: Sequence[Any]) -> dict[str, Any]:
         return {"legend_marks": set().union(*(free_queue_marks(s, p) for s, p in pairs))}
     if view == "radix":
         extents = [radix_extent(s) for s in states]
-        return {"extent": tuple(max(e[i] for e in extents) for i in range(3)),
-                "legend_marks": set().union(*(radix_marks(s) for s in states))}
+        return {
+            "extent": tuple(max(e[i] for e in extents) for i in range(3)),
+            "legend_marks": set().union(*(radix_marks(s) for s in states)),
+        }
     return {}
 
 

@@ -100,9 +100,17 @@ def _check_reuse(reuse: object) -> tuple[int, int] | None:
     return int(n_past), int(threshold)
 
 
-def swa_spec(state: SwaState, previous: SwaState | None = None, *, title: str | None = None,
-             caption: str | None = None, x_max: int | None = None, checkpoint_rows: int | None = None,
-             reuse: tuple[int, int] | None = None, legend_kinds: set[str] | None = None) -> Spec:
+def swa_spec(
+    state: SwaState,
+    previous: SwaState | None = None,
+    *,
+    title: str | None = None,
+    caption: str | None = None,
+    x_max: int | None = None,
+    checkpoint_rows: int | None = None,
+    reuse: tuple[int, int] | None = None,
+    legend_kinds: set[str] | None = None,
+) -> Spec:
     """The slot after one step as plain dicts: SWA cells on top, token positions below.
 
     ``x_max`` (positions on the axis) and ``checkpoint_rows`` default to what
@@ -136,7 +144,9 @@ def swa_spec(state: SwaState, previous: SwaState | None = None, *, title: str | 
     held = [p for p in cells if p != EMPTY]
     rows = [FULL, RING, BATCH] + [f"checkpoint {i + 1}" for i in range(checkpoint_rows)]
 
-    bars: dict[str, dict[str, list]] = {k: {"x": [], "base": [], "y": [], "text": [], "hover": []} for k in PART_STYLES}
+    bars: dict[str, dict[str, list]] = {
+        k: {"x": [], "base": [], "y": [], "text": [], "hover": []} for k in PART_STYLES
+    }
 
     def bar(kind: str, row: str, start: int, end: int, text: str, hover: str) -> None:
         b = bars[kind]
@@ -147,22 +157,51 @@ def swa_spec(state: SwaState, previous: SwaState | None = None, *, title: str | 
         b["hover"].append(hover)
 
     if state.n_tokens:
-        bar("full", FULL, 0, state.n_tokens, f"0 … {state.n_tokens - 1}",
-            f"the slot holds {state.n_tokens:,} tokens: every position in the full-attention layers")
+        bar(
+            "full",
+            FULL,
+            0,
+            state.n_tokens,
+            f"0 … {state.n_tokens - 1}",
+            f"the slot holds {state.n_tokens:,} tokens: every position in the full-attention layers",
+        )
     for start, end in _runs(held):
-        bar("ring", RING, start, end, f"[{start}, {end - 1}]",
-            f"SWA cells hold positions {start}..{end - 1} ({end - start:,} cells)")
+        bar(
+            "ring",
+            RING,
+            start,
+            end,
+            f"[{start}, {end - 1}]",
+            f"SWA cells hold positions {start}..{end - 1} ({end - start:,} cells)",
+        )
     if state.batch is not None:
         b0, b1 = state.batch
-        bar("batch", BATCH, b0, b1, f"[{b0}, {b1})", f"this step decoded positions {b0}..{b1 - 1} ({b1 - b0:,} tokens)")
+        bar(
+            "batch",
+            BATCH,
+            b0,
+            b1,
+            f"[{b0}, {b1})",
+            f"this step decoded positions {b0}..{b1 - 1} ({b1 - b0:,} tokens)",
+        )
     restored_at = next((i for i, c in enumerate(state.checkpoints) if c == state.restored), None)
     created_at = len(state.checkpoints) - 1 if state.created is not None and state.checkpoints else None
     for i, cp in enumerate(state.checkpoints):
         kind = "created" if i == created_at else "restored" if i == restored_at else "checkpoint"
-        what = {"created": "taken before this batch", "restored": "restored in this step", "checkpoint": "kept"}[kind]
-        bar(kind, f"checkpoint {i + 1}", cp.pos_min, cp.pos_max + 1, f"[{cp.pos_min}, {cp.pos_max}]",
+        what = {
+            "created": "taken before this batch",
+            "restored": "restored in this step",
+            "checkpoint": "kept",
+        }[kind]
+        bar(
+            kind,
+            f"checkpoint {i + 1}",
+            cp.pos_min,
+            cp.pos_max + 1,
+            f"[{cp.pos_min}, {cp.pos_max}]",
             f"checkpoint {i + 1} ({what}): SWA cells for positions {cp.pos_min}..{cp.pos_max},"
-            f"<br>taken when {cp.n_tokens:,} prompt tokens were processed")
+            f"<br>taken when {cp.n_tokens:,} prompt tokens were processed",
+        )
 
     # runs of neighbouring cells that hold consecutive positions, labelled where wide enough
     label_x, label_text = [], []
@@ -170,7 +209,9 @@ def swa_spec(state: SwaState, previous: SwaState | None = None, *, title: str | 
         width = c1 - c0 + 1
         if width >= 0.12 * n_cells:
             label_x.append((c0 + c1) / 2)
-            label_text.append(f"cells {c0}–{c1}: positions {p0}–{p1}" if width >= 0.3 * n_cells else f"{p0}–{p1}")
+            label_text.append(
+                f"cells {c0}–{c1}: positions {p0}–{p1}" if width >= 0.3 * n_cells else f"{p0}–{p1}"
+            )
     data: list[dict[str, Any]] = []
     # the SWA cells: one heatmap row, coloured by position (grey where empty)
     data.append({
@@ -225,18 +266,32 @@ def swa_spec(state: SwaState, previous: SwaState | None = None, *, title: str | 
         shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": threshold, "x1": n_past, "y0": 0,
                        "y1": _BOTTOM_TOP, "fillcolor": theme.YELLOW, "opacity": 0.35, "line": {"width": 0},
                        "layer": "below"})  # fmt: skip
-        for x, dash, text, anchor in ((n_past, "solid", f"reuse point {n_past}", "left"),
-                                      (threshold, "dash", f"needs from {threshold}", "right")):
-            shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": x, "x1": x, "y0": 0,
-                           "y1": _BOTTOM_TOP, "line": {"color": theme.INK, "dash": dash, "width": 2}})
+        for x, dash, text, anchor in (
+            (n_past, "solid", f"reuse point {n_past}", "left"),
+            (threshold, "dash", f"needs from {threshold}", "right"),
+        ):
+            shapes.append(
+                {
+                    "type": "line",
+                    "xref": "x",
+                    "yref": "paper",
+                    "x0": x,
+                    "x1": x,
+                    "y0": 0,
+                    "y1": _BOTTOM_TOP,
+                    "line": {"color": theme.INK, "dash": dash, "width": 2},
+                }
+            )
             annotations.append({"x": x, "y": _BOTTOM_TOP, "xref": "x", "yref": "paper", "text": text,
                                 "showarrow": False, "xanchor": anchor, "yanchor": "bottom",
                                 "font": {"size": 12}})  # fmt: skip
 
     n_cp = len(state.checkpoints)
-    sub = (f"{n_cells:,} SWA cells, {len(held):,} in use"
-           + (f" (positions {state.pos_min}..{state.pos_max})" if held else "")
-           + f"; the slot holds {state.n_tokens:,} tokens; {n_cp} checkpoint{'s' if n_cp != 1 else ''}")
+    sub = (
+        f"{n_cells:,} SWA cells, {len(held):,} in use"
+        + (f" (positions {state.pos_min}..{state.pos_max})" if held else "")
+        + f"; the slot holds {state.n_tokens:,} tokens; {n_cp} checkpoint{'s' if n_cp != 1 else ''}"
+    )
     if marks is not None:
         sub += f"<br>to continue at {marks[0]}, the local layers need positions {marks[1]}..{marks[0] - 1} (shaded)"
     ttl = title_text(caption or title or "SWA cells and context checkpoints", sub)
@@ -265,7 +320,9 @@ _BOTTOM_TOP = 0.7  # the positions panel takes the lower 70% of the plot
 _STRIP_BOTTOM = 0.82
 
 
-def swa_figure(state: SwaState, *, reuse: tuple[int, int] | None = None, title: str | None = None) -> go.Figure:
+def swa_figure(
+    state: SwaState, *, reuse: tuple[int, int] | None = None, title: str | None = None
+) -> go.Figure:
     """Example 12: one slot's SWA cells and checkpoints; ``reuse=(n_past, threshold)`` marks a reuse point."""
     return go.Figure(swa_spec(state, title=title, reuse=reuse))
 
@@ -299,8 +356,9 @@ def _kinds(state: SwaState) -> set[str]:
     return kinds
 
 
-def swa_animation(history: History[SwaState] | list, *, title: str | None = None,
-                  frame_ms: int = DEFAULT_FRAME_MS) -> go.Figure:
+def swa_animation(
+    history: History[SwaState] | list, *, title: str | None = None, frame_ms: int = DEFAULT_FRAME_MS
+) -> go.Figure:
     """A slot's history step by step (prompt batches, checkpoints taken and restored), with play and a slider."""
     check_title(title)
     steps = steps_of(history, SwaState)

@@ -119,8 +119,15 @@ def _make_template() -> go.layout.Template:
         plot_bgcolor="white",
         hoverlabel={"font": {"family": MONO_FAMILY, "size": 12}, "align": "left"},
         legend={"bgcolor": "rgba(255,255,255,0.85)", "bordercolor": LIGHT_GREY, "borderwidth": 1},
-        title={"x": 0.01, "xanchor": "left", "font": {"size": 16}, "yref": "container", "y": 1,
-               "yanchor": "top", "pad": {"t": 12}},
+        title={
+            "x": 0.01,
+            "xanchor": "left",
+            "font": {"size": 16},
+            "yref": "container",
+            "y": 1,
+            "yanchor": "top",
+            "pad": {"t": 12},
+        },
         margin={"l": 70, "r": 30, "t": 70, "b": 60},
     )
     return template

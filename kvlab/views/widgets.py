@@ -160,8 +160,14 @@ class Stepper(widgets.VBox):
     block-pool view.
     """
 
-    def __init__(self, history: object, views: str | Sequence[str | ViewFn] | None = None, *,
-                 highlight: tuple[str, int] | None = None, interval_ms: int = 900) -> None:
+    def __init__(
+        self,
+        history: object,
+        views: str | Sequence[str | ViewFn] | None = None,
+        *,
+        highlight: tuple[str, int] | None = None,
+        interval_ms: int = 900,
+    ) -> None:
         steps = steps_of(history)
         kinds = {type(s) for _, s in steps}
         if len(kinds) != 1:
@@ -184,7 +190,9 @@ class Stepper(widgets.VBox):
         self.play = widgets.Play(value=0, min=0, max=n - 1, step=1, interval=interval_ms, description="play",
                                  show_repeat=False, layout=widgets.Layout(width="120px"))  # fmt: skip
         widgets.jslink((self.play, "value"), (self.slider, "value"))
-        self.back = widgets.Button(description="◀ back", tooltip="previous step", layout=widgets.Layout(width="90px"))
+        self.back = widgets.Button(
+            description="◀ back", tooltip="previous step", layout=widgets.Layout(width="90px")
+        )
         self.forward = widgets.Button(description="forward ▶", tooltip="next step",
                                       layout=widgets.Layout(width="100px"))  # fmt: skip
         self.caption = widgets.HTML()
@@ -192,14 +200,17 @@ class Stepper(widgets.VBox):
         self.forward.on_click(lambda _: self.step(+1))
         self.slider.observe(self._on_slider, names="value")
         # the row wraps (slider under the buttons) in a narrow notebook instead of running off the edge
-        controls = widgets.HBox([self.back, self.play, self.forward, self.slider],
-                                layout=widgets.Layout(flex_flow="row wrap"))
+        controls = widgets.HBox(
+            [self.back, self.play, self.forward, self.slider], layout=widgets.Layout(flex_flow="row wrap")
+        )
         super().__init__([controls, self.caption, *(f.widget for f in self.figures)])
         self._show(0)
 
     # -- views
 
-    def _resolve_views(self, views: object, state_type: type, highlight: object) -> list[tuple[str, ViewFn, dict]]:
+    def _resolve_views(
+        self, views: object, state_type: type, highlight: object
+    ) -> list[tuple[str, ViewFn, dict]]:
         if views is None:
             views = DEFAULT_VIEWS.get(state_type)
             if views is None:
@@ -216,7 +227,9 @@ class Stepper(widgets.VBox):
                 out.append((getattr(v, "__name__", "view"), v, {}))
                 continue
             if v not in VIEW_SPECS:
-                raise InvalidArgumentError(f"unknown view {v!r}: use one of {', '.join(VIEW_SPECS)}, or a callable")
+                raise InvalidArgumentError(
+                    f"unknown view {v!r}: use one of {', '.join(VIEW_SPECS)}, or a callable"
+                )
             wanted, spec_fn = VIEW_SPECS[v]
             if not issubclass(state_type, wanted):
                 raise InvalidArgumentError(
@@ -224,7 +237,9 @@ class Stepper(widgets.VBox):
                 )
             hints = view_hints(v, self.states)
             count = len(self.states)
-            hints["head_lines"] = max(title_lines(step_caption(i, count, c)) for i, c in enumerate(self.captions))
+            hints["head_lines"] = max(
+                title_lines(step_caption(i, count, c)) for i, c in enumerate(self.captions)
+            )
             hints["sub_lines"] = 2
             if v == "block_pool":
                 hints.update(highlight=highlight, strict=False)
@@ -315,8 +330,15 @@ class Playground(widgets.VBox):
     input (an unknown request, a duplicate id) is shown and not recorded.
     """
 
-    def __init__(self, model: str = "prefix-cache", *, num_blocks: int = 12, block_size: int = 4,
-                 null_block: bool = False, hash_scheme: str = "lesson") -> None:
+    def __init__(
+        self,
+        model: str = "prefix-cache",
+        *,
+        num_blocks: int = 12,
+        block_size: int = 4,
+        null_block: bool = False,
+        hash_scheme: str = "lesson",
+    ) -> None:
         if model not in MODELS:
             raise InvalidArgumentError(f"unknown model {model!r}: use one of {', '.join(MODELS)}")
         check_int("num_blocks", num_blocks, minimum=1)
@@ -361,10 +383,14 @@ class Playground(widgets.VBox):
         check_int("num_tokens", num_tokens, minimum=1)
         check_int("prefix", prefix, minimum=0)
         if prefix > num_tokens:
-            raise InvalidArgumentError(f"the shared prefix ({prefix}) cannot be longer than the request ({num_tokens})")
+            raise InvalidArgumentError(
+                f"the shared prefix ({prefix}) cannot be longer than the request ({num_tokens})"
+            )
         if cache_salt is not None and self.model_name != "prefix-cache":
             raise InvalidArgumentError("cache_salt is a prefix-cache option; the block pool has none")
-        tokens = list(range(SHARED_PREFIX_START, SHARED_PREFIX_START + prefix)) + self._fresh(num_tokens - prefix)
+        tokens = list(range(SHARED_PREFIX_START, SHARED_PREFIX_START + prefix)) + self._fresh(
+            num_tokens - prefix
+        )
         if not tokens:
             raise InvalidArgumentError("a request needs at least one token")
         op: dict[str, Any] = {"op": "alloc", "req": request, "tokens": tokens}
@@ -493,20 +519,37 @@ class Playground(widgets.VBox):
     def _build_widgets(self) -> None:
         w = widgets
         small = w.Layout(width="170px")
-        self.new_id_box = w.Text(value="A", description="new id", layout=small,
-                                 tooltip="id of the request that allocate (or fork) creates")
-        self.request_pick = w.Dropdown(options=[], description="request", layout=small,
-                                       tooltip="the running request that append, fork and free act on")
+        self.new_id_box = w.Text(
+            value="A",
+            description="new id",
+            layout=small,
+            tooltip="id of the request that allocate (or fork) creates",
+        )
+        self.request_pick = w.Dropdown(
+            options=[],
+            description="request",
+            layout=small,
+            tooltip="the running request that append, fork and free act on",
+        )
         self.tokens_box = w.BoundedIntText(value=2 * self.config["block_size"] + 1, min=1, max=1_000_000,
                                            description="tokens", layout=small)  # fmt: skip
-        self.prefix_box = w.BoundedIntText(value=0, min=0, max=1_000_000, description="shared", layout=small,
-                                           tooltip="how many leading tokens come from the shared prompt")
+        self.prefix_box = w.BoundedIntText(
+            value=0,
+            min=0,
+            max=1_000_000,
+            description="shared",
+            layout=small,
+            tooltip="how many leading tokens come from the shared prompt",
+        )
         self.salt_box = w.Text(value="", description="salt", placeholder="none", layout=small,
                                disabled=self.model_name != "prefix-cache")  # fmt: skip
         for box in (self.new_id_box, self.request_pick, self.tokens_box, self.prefix_box, self.salt_box):
             box.style.description_width = "60px"
-        fork_help = "start 'new id' sharing all blocks of 'request'" if self.model_name == "block-pool" else \
-            "fork is a block-pool operation (vLLM's prefix cache shares through hits instead)"
+        fork_help = (
+            "start 'new id' sharing all blocks of 'request'"
+            if self.model_name == "block-pool"
+            else "fork is a block-pool operation (vLLM's prefix cache shares through hits instead)"
+        )
         self.buttons = {
             "allocate": w.Button(description="allocate", button_style="primary",
                                  tooltip="a new request 'new id' of 'tokens' tokens; the first 'shared' come from "
@@ -524,7 +567,9 @@ class Playground(widgets.VBox):
         self.scenario_box = w.Textarea(placeholder='{"config": {...}, "ops": [...]}',
                                        layout=w.Layout(width="100%", height="110px"))  # fmt: skip
         self.export_button = w.Button(description="export JSON", tooltip="write the scenario into the box")
-        self.replay_button = w.Button(description="replay JSON", tooltip="replace everything by the box's scenario")
+        self.replay_button = w.Button(
+            description="replay JSON", tooltip="replace everything by the box's scenario"
+        )
         self.export_button.on_click(lambda _: self._guard(self._export))
         self.replay_button.on_click(lambda _: self._guard(self._replay))
         self.pool_figure = LiveFigure(self._pool_spec())
@@ -532,7 +577,9 @@ class Playground(widgets.VBox):
         wrap = w.Layout(flex_flow="row wrap")  # rows wrap in a narrow notebook
         fields = w.VBox([w.HBox([self.new_id_box, self.tokens_box, self.prefix_box, self.salt_box], layout=wrap),
                          w.HBox([self.request_pick, *self.buttons.values()], layout=wrap)])  # fmt: skip
-        scenario = w.Accordion([w.VBox([self.scenario_box, w.HBox([self.export_button, self.replay_button])])])
+        scenario = w.Accordion(
+            [w.VBox([self.scenario_box, w.HBox([self.export_button, self.replay_button])])]
+        )
         scenario.set_title(0, "scenario (replay JSON)")
         super().__init__([fields, self.message, self.pool_figure.widget, self.queue_figure.widget, self.log_view,
                           scenario])  # fmt: skip
@@ -560,7 +607,9 @@ class Playground(widgets.VBox):
         live = [rid for rid, _ in self.state.tables]
         current = self.request_pick.value
         self.request_pick.options = live
-        last = next((op.get("child", op["req"]) for op in reversed(self.ops) if op["op"] in ("alloc", "fork")), None)
+        last = next(
+            (op.get("child", op["req"]) for op in reversed(self.ops) if op["op"] in ("alloc", "fork")), None
+        )
         if current in live:
             self.request_pick.value = current
         elif last in live:
@@ -709,16 +758,23 @@ def _apply_op(model_name: str, model: Any, op: object, index: int) -> str | None
     if not isinstance(op, dict):
         raise ScenarioError(f'each op must be an object like {{"op": "alloc", ...}}, got {op!r}', index)
     name = op.get("op")
-    ops = {"prefix-cache": ("alloc", "append", "free", "probe"), "block-pool": ("alloc", "append", "fork", "free")}
+    ops = {
+        "prefix-cache": ("alloc", "append", "free", "probe"),
+        "block-pool": ("alloc", "append", "fork", "free"),
+    }
     if name not in ops[model_name]:
-        raise ScenarioError(f"unknown op {name!r} for {model_name}: use one of {', '.join(ops[model_name])}", index)
+        raise ScenarioError(
+            f"unknown op {name!r} for {model_name}: use one of {', '.join(ops[model_name])}", index
+        )
     fields = {"alloc": {"req", "tokens", "cache_salt"}, "append": {"req", "tokens"}, "free": {"req"},
               "probe": {"tokens", "cache_salt"}, "fork": {"req", "child"}}[name]  # fmt: skip
     required = fields - {"cache_salt"}
     missing = sorted(required - set(op))
     extra = sorted(set(op) - fields - {"op"})
     if missing or extra:
-        raise ScenarioError(f"{name} needs {sorted(required)}" + (f"; it does not take {extra}" if extra else ""), index)
+        raise ScenarioError(
+            f"{name} needs {sorted(required)}" + (f"; it does not take {extra}" if extra else ""), index
+        )
     req = op.get("req")
     if "req" in op and (not isinstance(req, str) or not req):
         raise ScenarioError(f"the request id must be a non-empty string, got {req!r}", index)

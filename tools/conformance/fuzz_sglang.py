@@ -37,8 +37,10 @@ def generate(seed: int, num_ops: int) -> dict[str, Any]:
     config = {"page_size": page}
     real = sglang_harness.RealRadixReplay(config)
     vocab = rng.choice((2, 3, 6, 40))
-    docs = [[rng.randrange(vocab) for _ in range(rng.randrange(1, 12) * page + rng.randrange(page))]
-            for _ in range(rng.randrange(1, 5))]
+    docs = [
+        [rng.randrange(vocab) for _ in range(rng.randrange(1, 12) * page + rng.randrange(page))]
+        for _ in range(rng.randrange(1, 5))
+    ]
     use_keys = rng.random() < 0.4
     names: list[str] = []
     ops: list[dict[str, Any]] = []
@@ -48,7 +50,9 @@ def generate(seed: int, num_ops: int) -> dict[str, Any]:
         toks = doc[: rng.randrange(len(doc) + 1)]
         if rng.random() < 0.3:
             toks = doc[: rng.randrange(len(doc) // page + 1) * page]  # ends on a page boundary
-        toks = toks + [rng.randrange(vocab) for _ in range(rng.choice((0, 0, 1, page, rng.randrange(2 * page + 3))))]
+        toks = toks + [
+            rng.randrange(vocab) for _ in range(rng.choice((0, 0, 1, page, rng.randrange(2 * page + 3))))
+        ]
         return toks or [rng.randrange(vocab)]
 
     def with_key(op: dict[str, Any]) -> dict[str, Any]:
@@ -97,19 +101,35 @@ def first_difference(scenario: dict[str, Any]) -> tuple[int, dict, dict] | None:
 
 def run(seeds: range, num_ops: int, out: Path | None = None, verbose: bool = False) -> int:
     """Fuzz ``seeds``; return the number of ops compared. Raises AssertionError on the first difference."""
-    return fuzz(seeds, num_ops, generate=generate, first_difference=first_difference,
-                engine=f"SGLang {sglang_harness.VERSION}", out=out, verbose=verbose)
+    return fuzz(
+        seeds,
+        num_ops,
+        generate=generate,
+        first_difference=first_difference,
+        engine=f"SGLang {sglang_harness.VERSION}",
+        out=out,
+        verbose=verbose,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--fetch", action="store_true", help="pip download and unpack SGLang first (if missing)")
+    parser.add_argument(
+        "--fetch", action="store_true", help="pip download and unpack SGLang first (if missing)"
+    )
     parser.add_argument("--seeds", default="0:100", help="seed range A:B (default 0:100)")
     parser.add_argument("--ops", type=int, default=300, help="ops per scenario (default 300)")
-    parser.add_argument("--out", type=Path, default=Path("sglang_difference.json"),
-                        help="where to write a shrunk differing scenario")
-    parser.add_argument("--real-clock", action="store_true",
-                        help="let SGLang read time.monotonic() (orders may tie on a coarse clock)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("sglang_difference.json"),
+        help="where to write a shrunk differing scenario",
+    )
+    parser.add_argument(
+        "--real-clock",
+        action="store_true",
+        help="let SGLang read time.monotonic() (orders may tie on a coarse clock)",
+    )
     args = parser.parse_args(argv)
     global REAL_CLOCK
     REAL_CLOCK = args.real_clock

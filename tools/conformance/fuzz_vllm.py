@@ -38,8 +38,10 @@ def generate(seed: int, num_ops: int) -> dict[str, Any]:
     config = {"block_size": bs, "num_blocks": num_blocks, "null_block": True, "hash": "vllm"}
     real = vllm_harness.RealPrefixCacheReplay(config)
     vocab = rng.choice((2, 3, 5, 50))  # tiny vocabularies make equal blocks (and hash reuse) common
-    docs = [[rng.randrange(vocab) for _ in range(rng.randrange(1, 8) * bs + rng.randrange(bs))]
-            for _ in range(rng.randrange(1, 5))]
+    docs = [
+        [rng.randrange(vocab) for _ in range(rng.randrange(1, 8) * bs + rng.randrange(bs))]
+        for _ in range(rng.randrange(1, 5))
+    ]
     sent: list[tuple[list[int], str | None]] = []  # prompts sent so far, to send again
     live: list[str] = []
     freed: list[str] = []
@@ -56,7 +58,9 @@ def generate(seed: int, num_ops: int) -> dict[str, Any]:
             toks = doc[:cut]
         else:
             toks = doc[: rng.randrange(len(doc) + 1)]
-        toks = toks + [rng.randrange(vocab) for _ in range(rng.choice((0, 0, 1, bs, rng.randrange(3 * bs + 2))))]
+        toks = toks + [
+            rng.randrange(vocab) for _ in range(rng.choice((0, 0, 1, bs, rng.randrange(3 * bs + 2))))
+        ]
         if rng.random() < 0.05:
             toks = toks + [rng.randrange(vocab) for _ in range(num_blocks * bs)]  # too big: refused
         return (toks or [rng.randrange(vocab)]), rng.choice(SALTS)
@@ -107,17 +111,30 @@ def first_difference(scenario: dict[str, Any]) -> tuple[int, dict, dict] | None:
 
 def run(seeds: range, num_ops: int, out: Path | None = None, verbose: bool = False) -> int:
     """Fuzz ``seeds``; return the number of ops compared. Raises AssertionError on the first difference."""
-    return fuzz(seeds, num_ops, generate=generate, first_difference=first_difference,
-                engine=f"vLLM {vllm_harness.VERSION}", out=out, verbose=verbose)
+    return fuzz(
+        seeds,
+        num_ops,
+        generate=generate,
+        first_difference=first_difference,
+        engine=f"vLLM {vllm_harness.VERSION}",
+        out=out,
+        verbose=verbose,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--fetch", action="store_true", help="pip download and unpack vLLM first (if missing)")
+    parser.add_argument(
+        "--fetch", action="store_true", help="pip download and unpack vLLM first (if missing)"
+    )
     parser.add_argument("--seeds", default="0:100", help="seed range A:B (default 0:100)")
     parser.add_argument("--ops", type=int, default=300, help="ops per scenario (default 300)")
-    parser.add_argument("--out", type=Path, default=Path("vllm_difference.json"),
-                        help="where to write a shrunk differing scenario")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("vllm_difference.json"),
+        help="where to write a shrunk differing scenario",
+    )
     args = parser.parse_args(argv)
     if args.fetch:
         vllm_harness.fetch()

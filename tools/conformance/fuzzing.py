@@ -37,7 +37,7 @@ def shrink(scenario: Scenario, first_difference: FirstDifference) -> Scenario:
         while chunk >= 1:
             i = 0
             while i < len(ops):
-                trial = ops[:i] + ops[i + chunk:]
+                trial = ops[:i] + ops[i + chunk :]
                 if trial and _still_differs({"config": config, "ops": trial}, first_difference):
                     ops = trial
                 else:
@@ -74,7 +74,9 @@ def fuzz(
             )
         total += len(scenario["ops"])
         if verbose and (seed - seeds.start + 1) % 20 == 0:
-            print(f"  seeds {seeds.start}..{seed}: {total} ops agree ({time.time() - start:.0f} s)", flush=True)
+            print(
+                f"  seeds {seeds.start}..{seed}: {total} ops agree ({time.time() - start:.0f} s)", flush=True
+            )
     return total
 
 

@@ -213,7 +213,9 @@ class RealRadixReplay:
         return True
 
 
-def replay(config: dict[str, Any], ops: list[dict[str, Any]], *, real_clock: bool = False) -> list[dict[str, Any]]:
+def replay(
+    config: dict[str, Any], ops: list[dict[str, Any]], *, real_clock: bool = False
+) -> list[dict[str, Any]]:
     """The records the real SGLang code gives for a scenario (kvlab's replay format)."""
     real = RealRadixReplay(config, real_clock=real_clock)
     return [real.apply(op) for op in ops]

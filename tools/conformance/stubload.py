@@ -115,8 +115,13 @@ class SourceLoader(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     ``overrides`` maps a stubbed module's name to attributes to set on it.
     """
 
-    def __init__(self, package: str, root: Path, real: Iterable[str],
-                 overrides: dict[str, dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        package: str,
+        root: Path,
+        real: Iterable[str],
+        overrides: dict[str, dict[str, Any]] | None = None,
+    ) -> None:
         self.package = package
         self.root = Path(root)
         self.real = set(real)
@@ -133,10 +138,14 @@ class SourceLoader(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         """Put the hook first on ``sys.meta_path`` (once) and drop any module of the package already imported."""
         for name in [m for m in sys.modules if m == self.package or m.startswith(self.package + ".")]:
             del sys.modules[name]
-        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, SourceLoader) or f.package != self.package]
+        sys.meta_path[:] = [
+            f for f in sys.meta_path if not isinstance(f, SourceLoader) or f.package != self.package
+        ]
         sys.meta_path.insert(0, self)
 
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, fullname: str, path: Any, target: Any = None
+    ) -> importlib.machinery.ModuleSpec | None:
         if fullname != self.package and not fullname.startswith(self.package + "."):
             return None
         if fullname in self.real:

@@ -302,8 +302,8 @@ class RealPrefixCacheReplay:
         new = self.kvm.allocate_slots(request, len(tokens))
         if new is None:
             # vLLM would preempt a running request here; the replay refuses and changes nothing.
-            del request._output_token_ids[-len(tokens):]
-            del request._all_token_ids[-len(tokens):]
+            del request._output_token_ids[-len(tokens) :]
+            del request._all_token_ids[-len(tokens) :]
             del request.block_hashes[num_hashes:]
             record["ok"] = False
             record["block_table"] = self._table(req_id)
