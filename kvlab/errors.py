@@ -48,32 +48,95 @@ class ScenarioError(KvlabError):
         super().__init__(prefix + message)
 
 
-def check_int(name: str, value: object, *, minimum: int | None = None) -> int:
-    """Return ``value`` if it is an int (not a bool) >= ``minimum``; raise a clear error otherwise."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidArgumentError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+# ---------------------------------------------------------------- the shared argument checks
+# Every public function checks its arguments with these, so one kind of value is refused the same way
+# everywhere. They look at exact types (``type(x) is str``), never at a value's own ``__eq__``, so an
+# object that claims to equal everything is refused, and they never call a user object's ``__repr__``
+# without a fallback, so a value whose repr raises still gets a clear error.
+
+MAX_TOKEN_ID = 2**31 - 1
+"""Token ids are 0 .. 2**31 - 1 in every model: a signed 32-bit id, as vLLM and llama.cpp store them."""
+
+
+def brief(value: object, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters, so an error message stays one readable line.
+
+    Never raises: a repr that fails, or an integer too long to print, is described by its type.
+    """
+    if type(value) is int and value.bit_length() > 4 * limit:
+        return f"an integer of about {int(value.bit_length() * 0.30103)} digits"
+    try:
+        text = repr(value)
+    except Exception:  # a user object whose __repr__ raises
+        text = f"<{type(value).__name__} object>"
+    if not isinstance(text, str):
+        text = f"<{type(value).__name__} object>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division for non-negative ints: how many blocks of ``b`` hold ``a`` tokens (vLLM's ``cdiv``)."""
+    return -(-a // b)
+
+
+def check_int(name: str, value: object, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    """Return ``value`` if it is an int (not a bool; numpy ints are converted) in [minimum, maximum]."""
+    if type(value) is not int:
+        value = _as_int(name, value)
     if minimum is not None and value < minimum:
-        raise InvalidArgumentError(f"{name} must be at least {minimum}, got {value}")
+        raise InvalidArgumentError(f"{name} must be at least {minimum}, got {brief(value)}")
+    if maximum is not None and value > maximum:
+        raise InvalidArgumentError(f"{name} must be at most {maximum:,}, got {brief(value)}")
     return value
 
 
-def check_tokens(name: str, tokens: object, *, allow_empty: bool = False) -> list[int]:
-    """Return ``tokens`` as a list of ints; reject strings, floats, bools and (unless allowed) empty lists."""
+def _as_int(name: str, value: object) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return int(value)  # an int subclass: keep only its plain value
+    try:
+        import numpy as np
+
+        if isinstance(value, np.integer):
+            return int(value)
+    except ImportError:  # pragma: no cover
+        pass
+    raise InvalidArgumentError(f"{name} must be an integer, got {brief(value)} ({type(value).__name__})")
+
+
+def check_bool(name: str, value: object) -> bool:
+    """Return ``value`` if it is exactly True or False (not 0/1, not a numpy bool)."""
+    if type(value) is not bool:
+        raise InvalidArgumentError(f"{name} must be True or False, got {brief(value)}")
+    return value
+
+
+def check_choice(name: str, value: object, choices: tuple[str, ...], *, what: str | None = None) -> str:
+    """Return ``value`` if it is a ``str`` equal to one of ``choices``; compared by exact type and value."""
+    if type(value) is str and value in choices:
+        return value
+    if isinstance(value, str) and str(value) in choices:
+        return str(value)
+    label = what or name
+    raise InvalidArgumentError(f"unknown {label} {brief(value)}: {name} must be one of {', '.join(choices)}")
+
+
+def check_tokens(
+    name: str, tokens: object, *, allow_empty: bool = False, in_range: bool = False
+) -> list[int]:
+    """Return ``tokens`` as a list of plain ints; refuse strings, floats, bools and (``in_range``) ids outside 0..MAX_TOKEN_ID."""
     if isinstance(tokens, (str, bytes)) or not hasattr(tokens, "__iter__"):
         raise InvalidArgumentError(f"{name} must be a list of integer token ids, got {type(tokens).__name__}")
     out = list(tokens)  # type: ignore[call-overload]
     for i, t in enumerate(out):
-        if isinstance(t, bool) or not isinstance(t, int):
-            # numpy integers are fine; convert them
+        if type(t) is not int:
             try:
-                import numpy as np
-
-                if isinstance(t, np.integer):
-                    out[i] = int(t)
-                    continue
-            except ImportError:  # pragma: no cover
-                pass
-            raise InvalidArgumentError(f"{name}[{i}] must be an integer token id, got {t!r}")
+                out[i] = t = _as_int(f"{name}[{i}]", t)
+            except InvalidArgumentError:
+                raise InvalidArgumentError(
+                    f"{name}[{i}] must be an integer token id, got {brief(t)}"
+                ) from None
+        if in_range and not 0 <= t <= MAX_TOKEN_ID:
+            raise InvalidArgumentError(f"{name}[{i}] = {brief(t)} is not a token id: use 0..{MAX_TOKEN_ID}")
     if not out and not allow_empty:
         raise InvalidArgumentError(f"{name} is empty: give at least one token id")
     return out

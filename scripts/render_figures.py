@@ -29,6 +29,7 @@ from kvlab.core.snapshots import BlockPoolState, BlockState
 from kvlab.models import contiguous, paged, prefix_cache, radix, utilization
 from kvlab.models.prefix_cache import PrefixCache
 from kvlab.views import animations, figures
+from kvlab.views.text import caption
 from kvlab.views.widgets import Playground, Stepper
 
 WIDTH = 1100
@@ -98,7 +99,7 @@ def renders() -> Iterator[Render]:
     yield from animation_frames("ex4_anim", animations.block_pool_animation(states4), [0, 4, -1])
     yield (
         "ex4_free_list_cow",
-        lambda: figures.free_queue_figure(states4[4].state, states4[3].state, title=states4[4].caption),
+        lambda: figures.free_queue_figure(states4[4].state, states4[3].state, title=caption(states4[4])),
     )
 
     # example 5: a shared system prompt
@@ -129,9 +130,9 @@ def renders() -> Iterator[Render]:
     for i in range(1, len(h7)):
         yield (
             f"ex7_free_queue_{i}",
-            lambda i=i: figures.free_queue_figure(h7[i].state, h7[i - 1].state, title=h7[i].caption),
+            lambda i=i: figures.free_queue_figure(h7[i].state, h7[i - 1].state, title=caption(h7[i])),
         )
-    yield "ex7_pool_after_D", lambda: figures.block_pool_figure(h7[6].state, title=h7[6].caption)
+    yield "ex7_pool_after_D", lambda: figures.block_pool_figure(h7[6].state, title=caption(h7[6]))
     yield from animation_frames("ex7_queue_anim", animations.free_queue_animation(h7), [0, 5, 6])
     yield from animation_frames("ex7_pool_anim", animations.block_pool_animation(h7), [5, 6])
 
@@ -140,7 +141,7 @@ def renders() -> Iterator[Render]:
     for step in ex8.history:
         yield (
             f"ex8_radix_{step.index}",
-            lambda step=step: figures.radix_tree_figure(step.state, title=step.caption),
+            lambda step=step: figures.radix_tree_figure(step.state, title=caption(step)),
         )
     yield from animation_frames("ex8_anim", animations.radix_animation(ex8.history), [2, 4, -1])
 

@@ -10,6 +10,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from kvlab.core.snapshots import ContiguousState, Region
 from kvlab.errors import DuplicateRequestError, InvalidArgumentError, UnknownRequestError
 from kvlab.models.contiguous import ContiguousPool, exact_fit, example_1, reserve_max
+from kvlab.views.text import caption
 
 # ---------------------------------------------------------------- lesson example 1
 
@@ -45,7 +46,7 @@ def test_example_1_history_steps():
     # empty pool, six reservations, two releases, one refusal
     assert len(part.history) == 10
     assert part.history[0].state.regions == ()
-    assert "refused" in part.history[-1].caption
+    assert "refused" in caption(part.history[-1])
     assert part.history[-1].state.regions == part.history[-2].state.regions
 
 

@@ -15,6 +15,7 @@ from kvlab.errors import (
     UnknownRequestError,
 )
 from kvlab.models.prefix_cache import HashLabels, PrefixCache, example_7
+from kvlab.views.text import caption
 
 # ---------------------------------------------------------------------- lesson example 7
 
@@ -36,7 +37,7 @@ def test_example_7_evictions_and_queues(block_size, scheme):
     assert final.free_queue == (5, 1, 0)
     assert final.tables == (("D", (2, 4, 3)),)
     assert [final.blocks[b].status for b in (0, 1, 5)] == ["free, cached"] * 3
-    assert "evicting a3 from block 2" in ex.history[6].caption
+    assert "evicting a3 from block 2" in caption(ex.history[6])
 
 
 def test_hash_labels_name_blocks_of_distinct_tokens():

@@ -12,6 +12,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from kvlab.core.snapshots import RadixNodeState, RadixState
 from kvlab.errors import InvalidArgumentError, KvlabError
 from kvlab.models.radix import RadixNode, RadixTree, example_8, format_tree
+from kvlab.views.text import caption
 
 # ---------------------------------------------------------------------- helpers
 
@@ -158,7 +159,7 @@ def test_match_that_ends_inside_a_run_splits_it():
     assert state.split_nodes == (result.node.node_id,) and state.matched_node == result.node.node_id
     # the split node is created after the walk's time stamp: the upper part is newer than the lower
     assert result.node.last_access > old.last_access
-    assert tree.history is not None and "3 tokens cached" in tree.history[-1].caption
+    assert tree.history is not None and "3 tokens cached" in caption(tree.history[-1])
 
 
 def test_match_on_a_boundary_does_not_split_and_values_follow_the_path():

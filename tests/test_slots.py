@@ -20,6 +20,7 @@ from kvlab.server.slots import (
     replay_chat,
     tokens_processed,
 )
+from kvlab.views.text import caption
 
 LESSON_LINES = [
     "turn 1: +34 tokens, predicted cache_n   0, observed   0, processed  34",
@@ -192,7 +193,7 @@ def test_history_records_every_start_and_finish():
     s = SlotServer(1, cache_ram_mib=0)
     s.complete([1, 2, 3])
     s.complete([1, 2, 4])
-    assert len(s.history) == 5 and s.history[0].caption == "start"
+    assert len(s.history) == 5 and caption(s.history[0]) == "start"
     assert s.history[-1].state.last.cache_n == 2
     assert SlotServer(record=False).history is None
 

@@ -15,6 +15,7 @@ from kvlab.server.swa import (
     example_12_chat,
     swa_cache_cells,
 )
+from kvlab.views.text import captions
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +132,7 @@ def test_checkpoint_limit_drops_the_oldest():
 
 
 def test_history_shows_each_batch_and_checkpoint(ex):
-    caps = ex.slots["default"].history.captions
+    caps = captions(ex.slots["default"].history)
     assert caps[0] == "empty slot: 768 SWA cells"
     assert "decoded batch [1325, 1837); checkpoint [557, 1324] at 1325 tokens" in caps
     assert any("forcing full prompt re-processing" in c for c in caps)

@@ -14,6 +14,7 @@ from kvlab.models.utilization import (
     fill_reserving,
     request_lengths,
 )
+from kvlab.views.text import caption
 
 
 def test_example_3_lengths_come_from_java_random_5():
@@ -47,7 +48,7 @@ def test_example_3_paged_history_fills_the_pool():
     used = [s.state.num_blocks - len(s.state.free_queue) for s in history]
     assert used[0] == 0 and used == sorted(used)
     assert used[-1] == used[-2] == (7533 + 51) // 16
-    assert "r8" in history[-1].caption and "waits" in history[-1].caption
+    assert "r8" in caption(history[-1]) and "waits" in caption(history[-1])
     assert [rid for rid, _ in history[-1].state.tables] == [f"r{i}" for i in range(8)]
 
 

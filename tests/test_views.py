@@ -35,6 +35,7 @@ from kvlab.views import (
 )
 from kvlab.views._common import NARROWEST, legend_height, text_px
 from kvlab.views.figures import LABEL_WIDTH, STATUS_CODE, block_pool_spec, grid_shape, per_turn_figure
+from kvlab.views.text import caption
 
 # ---------------------------------------------------------------------- helpers
 
@@ -203,14 +204,14 @@ def test_example_4_marks_the_copy_on_write_target_and_shared_blocks() -> None:
 
 def test_example_7_free_queue_shows_evictions_with_their_hashes() -> None:
     history = prefix_cache.example_7().history
-    d_step = next(i for i, s in enumerate(history) if s.caption.startswith("allocate D"))
+    d_step = next(i for i, s in enumerate(history) if caption(s).startswith("allocate D"))
     fig = free_queue_figure(history[d_step].state, history[d_step - 1].state)
     left = {c: label for (c, r), (_, label, _) in grid_cells(fig).items() if r == 0}
     # D took blocks 2, 4, 3 from the front and evicted a3, b2, b1, drawn where they left from
     assert left == {0: "<b>2</b><br>evict a3", 1: "<b>4</b><br>evict b2", 2: "<b>3</b><br>evict b1"}
     crosses = trace_named(fig, theme.MARK_STYLES["evicted"]["label"])
     assert len([x for x in crosses.x if x is not None]) == 3 * 4  # one cross (two strokes) per eviction
-    c_step = next(i for i, s in enumerate(history) if s.caption.startswith("allocate C"))
+    c_step = next(i for i, s in enumerate(history) if caption(s).startswith("allocate C"))
     fig = free_queue_figure(history[c_step].state, history[c_step - 1].state)
     left = {label for (c, r), (_, label, _) in grid_cells(fig).items() if r == 0}
     assert left == {"<b>0</b><br>hit", "<b>1</b><br>hit", "<b>5</b><br>new"}
@@ -236,7 +237,7 @@ def test_copy_on_write_targets_leave_the_free_queue_marked() -> None:
         assert f"copy-on-write of block {source}" in hover
         assert outlined_cells(trace_named(fig, copy_label)) == {(0, 0)}
         assert copy_label in legend_names(fig)
-    fork = next(i for i, s in enumerate(history) if s.caption.startswith("fork"))
+    fork = next(i for i, s in enumerate(history) if caption(s).startswith("fork"))
     for previous in (history[fork - 1].state, None):  # a fork shares blocks in use: nothing leaves the queue
         fig = free_queue_figure(history[fork].state, previous)
         assert not [r for (_, r) in grid_cells(fig) if r == 0]
@@ -328,7 +329,7 @@ def test_example_8_radix_tree_shows_locks_and_the_evicted_leaf() -> None:
     anim = radix_animation(ex.history)
     assert len(anim.frames) == len(ex.history)
     for frame, step in zip(anim.frames, ex.history, strict=True):
-        assert step.caption in frame.layout.title.text.replace("<br>", " ")
+        assert caption(step) in frame.layout.title.text.replace("<br>", " ")
 
 
 def test_example_8_wide_tree_grows_to_the_right() -> None:

@@ -11,6 +11,7 @@ from kvlab.server.agents import example_13
 from kvlab.server.swa import EMPTY, example_12, example_12_chat
 from kvlab.views.agent_view import agent_turns_history
 from kvlab.views.swa_view import swa_animation, swa_figure, swa_hints, swa_spec, swa_stepper
+from kvlab.views.text import captions
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +96,7 @@ def test_the_animation_has_one_frame_per_step_on_fixed_axes(ex12):
     history = ex12.slots["default"].history
     fig = swa_animation(history, title="Default server")
     assert len(fig.frames) == len(history)
-    assert fig.layout.meta["kvlab_captions"] == history.captions
+    assert fig.layout.meta["kvlab_captions"] == captions(history)
     hints = swa_hints(history)
     assert hints["x_max"] == 1841 and hints["checkpoint_rows"] == 2
     assert {len(f.data) for f in fig.frames} == {len(fig.data)}

@@ -12,6 +12,7 @@ from kvlab.errors import InvalidArgumentError, ScenarioError
 from kvlab.models import contiguous, paged, prefix_cache, radix
 from kvlab.views import Playground, Stepper, stepper
 from kvlab.views.figures import STATUS_CODE, grid_shape
+from kvlab.views.text import caption
 
 
 def same(a, b) -> bool:
@@ -62,7 +63,7 @@ def test_setting_the_slider_updates_the_figures_to_that_snapshot(example_7) -> N
         ]
         queue = [t.split("</b>")[0][3:] for t in st.figures[1].widget.data[0].text[1] if t]
         assert queue == [str(b) for b in state.free_queue]
-        assert example_7[index].caption in st.caption.value
+        assert caption(example_7[index]) in st.caption.value
     st.slider.value = 6
     assert 0 < st.figures[0].updates < 40  # only what changed is sent
 

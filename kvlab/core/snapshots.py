@@ -1,9 +1,11 @@
-"""Immutable records of a model's whole state, shared by models and views.
+"""Immutable records of a model's whole state and of what each operation did.
 
 A model that records keeps a ``History``: step 0 is the state before any
 operation, and every later step is the state right after one operation, with
-a caption that says what the operation was. Views read these records and never
-touch a model, so a slider is just an index into ``history.steps``.
+an ``Event`` that says, as plain data, what the operation did (what was hit,
+allocated, evicted, split, locked). Models never write prose: the views turn
+events into captions (``kvlab.views.text.caption``) and states into pictures,
+and never touch a model, so a slider is just an index into ``history.steps``.
 
 The state types are frozen dataclasses made of tuples, ints and strings, so a
 snapshot can never change after it was taken and two snapshots compare equal
@@ -14,17 +16,57 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 S = TypeVar("S")
 
 
 @dataclass(frozen=True)
+class Event:
+    """What one operation did, as plain data: ``kind`` names the model and op, ``fields`` the facts.
+
+    ``kind`` is ``"<model>.<op>"`` (``"prefix_cache.allocate"``, ``"radix.evict"``); ``fields`` are
+    (name, value) pairs of ints, strings and tuples, in a fixed order. Read a field with
+    ``event["request_id"]`` or ``event.get("evicted", ())``.
+    """
+
+    kind: str
+    fields: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def of(cls, kind: str, **fields: Any) -> Event:
+        return cls(kind, tuple(fields.items()))
+
+    @property
+    def op(self) -> str:
+        """The op's name without the model: ``"allocate"`` for ``"prefix_cache.allocate"``."""
+        return self.kind.rpartition(".")[2]
+
+    def __getitem__(self, name: str) -> Any:
+        for key, value in self.fields:
+            if key == name:
+                return value
+        raise KeyError(name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        for key, value in self.fields:
+            if key == name:
+                return value
+        return default
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.fields)
+
+
+@dataclass(frozen=True)
 class Step(Generic[S]):
-    """One recorded state: its position, the operation that produced it, the state."""
+    """One recorded state: its position, what the operation that produced it did, the state.
+
+    ``event`` is an ``Event``; a plain string is accepted too, for steps a notebook builds by hand.
+    """
 
     index: int
-    caption: str
+    event: Event | str
     state: S
 
 
@@ -34,8 +76,8 @@ class History(Generic[S]):
 
     steps: list[Step[S]] = field(default_factory=list)
 
-    def add(self, caption: str, state: S) -> Step[S]:
-        step = Step(len(self.steps), caption, state)
+    def add(self, event: Event | str, state: S) -> Step[S]:
+        step = Step(len(self.steps), event, state)
         self.steps.append(step)
         return step
 
@@ -49,8 +91,8 @@ class History(Generic[S]):
         return iter(self.steps)
 
     @property
-    def captions(self) -> list[str]:
-        return [s.caption for s in self.steps]
+    def events(self) -> list[Event | str]:
+        return [s.event for s in self.steps]
 
     @property
     def states(self) -> list[S]:

@@ -14,6 +14,7 @@ from typing import Any
 
 from kvlab.core.snapshots import History, Step
 from kvlab.errors import InvalidArgumentError
+from kvlab.views.text import caption
 from kvlab.views.theme import INK, TEMPLATE_NAME
 
 Spec = dict[str, Any]
@@ -37,9 +38,9 @@ def steps_of(history: object, state_type: type | tuple[type, ...] | None = None)
     out: list[tuple[str, Any]] = []
     for i, item in enumerate(steps):
         if isinstance(item, Step):
-            caption, state = item.caption, item.state
+            text, state = caption(item), item.state
         else:
-            caption, state = f"snapshot {i}", item
+            text, state = f"snapshot {i}", item
         if state_type is not None and not isinstance(state, state_type):
             names = (
                 state_type.__name__
@@ -49,7 +50,7 @@ def steps_of(history: object, state_type: type | tuple[type, ...] | None = None)
             raise InvalidArgumentError(
                 f"step {i} holds a {type(state).__name__}, but this view needs a {names}"
             )
-        out.append((str(caption), state))
+        out.append((str(text), state))
     return out
 
 

@@ -31,6 +31,7 @@ from kvlab.server.agents import AgentRun, AgentTurn
 from kvlab.views import theme
 from kvlab.views._common import Spec, base_layout, check_title, steps_of, title_text
 from kvlab.views.animations import DEFAULT_FRAME_MS, animate, step_caption
+from kvlab.views.text import caption
 from kvlab.views.widgets import Stepper
 
 _ROW_PX = 46
@@ -216,7 +217,7 @@ def agent_turn_figure(
         agent_turn_spec(
             history[turn].state,
             title=title,
-            caption=title or history[turn].caption,
+            caption=title or caption(history[turn]),
             prefix_tokens=prefix_tokens,
             **agent_turns_hints(history),
         )
@@ -236,8 +237,8 @@ def agent_turns_animation(
     hints = agent_turns_hints(history)
     steps = steps_of(history, AgentTurnsState)
     specs = []
-    for i, (caption, state) in enumerate(steps):
-        head = step_caption(i, len(steps), caption)
+    for i, (text, state) in enumerate(steps):
+        head = step_caption(i, len(steps), text)
         specs.append(
             agent_turn_spec(
                 state, caption=f"{title} · {head}" if title else head, prefix_tokens=prefix_tokens, **hints

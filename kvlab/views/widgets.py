@@ -31,6 +31,7 @@ from kvlab.errors import InvalidArgumentError, KvlabError, OutOfBlocksError, Sce
 from kvlab.views._common import Spec, steps_of, title_lines
 from kvlab.views.animations import step_caption
 from kvlab.views.figures import VIEW_SPECS, block_pool_spec, free_queue_spec, view_hints
+from kvlab.views.text import caption
 
 ViewFn = Callable[[Any, Any], Any]
 
@@ -504,7 +505,7 @@ class Playground(widgets.VBox):
 
     def log(self) -> list[str]:
         """One line per recorded op: the model's caption, or why the pool refused it."""
-        captions = iter(step.caption for step in self.history.steps[1:])
+        captions = iter(caption(step) for step in self.history.steps[1:])
         out = []
         for i, op in enumerate(self.ops):
             if i in self.refused:
@@ -595,7 +596,7 @@ class Playground(widgets.VBox):
 
     def _caption(self, what: str) -> str:
         step = self.history[-1]
-        return f"{what} · {step.caption}" if step.index else what
+        return f"{what} · {caption(step)}" if step.index else what
 
     def _refresh(self) -> None:
         if not hasattr(self, "pool_figure"):
@@ -628,20 +629,20 @@ class Playground(widgets.VBox):
                 salt = self.salt_box.value.strip() or None
                 if self.allocate(new_id, int(self.tokens_box.value), int(self.prefix_box.value), salt):
                     self.request_pick.value = new_id
-                    self._say(f"allocated {new_id!r}: {self.history[-1].caption}", ok=True)
+                    self._say(f"allocated {new_id!r}: {caption(self.history[-1])}", ok=True)
                 else:
                     self._say_refused()
             elif name == "append":
                 if self.append(req, int(self.tokens_box.value)):
-                    self._say(self.history[-1].caption, ok=True)
+                    self._say(caption(self.history[-1]), ok=True)
                 else:
                     self._say_refused()
             elif name == "fork":
                 self.fork(req, new_id)
-                self._say(self.history[-1].caption, ok=True)
+                self._say(caption(self.history[-1]), ok=True)
             elif name == "free":
                 self.free(req)
-                self._say(self.history[-1].caption, ok=True)
+                self._say(caption(self.history[-1]), ok=True)
             else:
                 self.undo()
                 self._say("took back the last operation", ok=True)

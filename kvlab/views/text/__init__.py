@@ -1,0 +1,65 @@
+"""Words for what happened: captions rendered from the models' structured events.
+
+Models record an ``Event`` per operation (``kvlab.core.snapshots``); this package turns it into the
+one-line caption a student reads under a slider, in an animation's title or in a printed walk-through.
+Each model's wording lives in its own module here, registered by event kind with ``@describes``.
+
+    from kvlab.views.text import caption, captions
+    for line in captions(cache.history):
+        print(line)
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable
+
+from kvlab.core.snapshots import Event, History, Step
+from kvlab.errors import InvalidArgumentError
+
+Describe = Callable[[Event], str]
+_DESCRIBE: dict[str, Describe] = {}
+
+# The modules that register captions, one per model; imported on first use of caption().
+MODULES: tuple[str, ...] = ()
+_loaded = False
+
+
+def describes(*kinds: str) -> Callable[[Describe], Describe]:
+    """Register ``fn`` as the caption of every event of these kinds."""
+
+    def register(fn: Describe) -> Describe:
+        for kind in kinds:
+            _DESCRIBE[kind] = fn
+        return fn
+
+    return register
+
+
+def _load() -> None:
+    global _loaded
+    if not _loaded:
+        for name in MODULES:
+            importlib.import_module(f"kvlab.views.text.{name}")
+        _loaded = True
+
+
+def caption(item: Step | Event | str) -> str:
+    """The one-line caption of a step or event (a hand-written string is its own caption)."""
+    event = item.event if isinstance(item, Step) else item
+    if isinstance(event, str):
+        return event
+    if not isinstance(event, Event):
+        raise InvalidArgumentError(f"expected a kvlab Step or Event, got {type(item).__name__}")
+    _load()
+    try:
+        describe = _DESCRIBE[event.kind]
+    except KeyError:
+        raise InvalidArgumentError(f"no caption is registered for events of kind {event.kind!r}") from None
+    return describe(event)
+
+
+def captions(history: History | Iterable[Step]) -> list[str]:
+    """Every step's caption, in order."""
+    steps = history.steps if isinstance(history, History) else history
+    return [caption(step) for step in steps]
