@@ -31,7 +31,7 @@ from kvlab.core.snapshots import History
 from kvlab.errors import OutOfBlocksError
 from kvlab.models.prefix_cache import PrefixCache
 from kvlab.views.figures import block_pool_spec, free_queue_spec, view_hints
-from kvlab.views.widgets import Stepper
+from kvlab.views.live import Stepper
 
 GOAL_MS = 30.0
 

@@ -29,8 +29,9 @@ from kvlab.core.snapshots import BlockPoolState, BlockState
 from kvlab.models import contiguous, paged, prefix_cache, radix, utilization
 from kvlab.models.prefix_cache import PrefixCache
 from kvlab.views import animations, figures
+from kvlab.views.live import Stepper
+from kvlab.views.playground import Playground
 from kvlab.views.text import caption
-from kvlab.views.widgets import Playground, Stepper
 
 WIDTH = 1100
 

@@ -495,8 +495,8 @@ def test_importing_the_views_leaves_the_widgets_for_later() -> None:
         "import sys, kvlab.views as v\n"
         "assert 'ipywidgets' not in sys.modules and 'IPython' not in sys.modules, 'loaded too early'\n"
         "from kvlab.views import Playground, Stepper, stepper\n"
-        "import kvlab.views.widgets as w\n"
-        "assert (Stepper, Playground, stepper) == (w.Stepper, w.Playground, w.stepper) and v.widgets is w\n"
+        "import kvlab.views.playground as p, kvlab.views.live as s\n"
+        "assert (Stepper, Playground, stepper) == (s.Stepper, p.Playground, s.stepper)\n"
         "assert 'ipywidgets' in sys.modules and {'Stepper', 'Playground'} <= set(dir(v))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

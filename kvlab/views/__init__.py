@@ -46,17 +46,20 @@ from kvlab.views.figures import (
 from kvlab.views.theme import STATUS_COLORS, in_notebook_kernel, setup
 
 if TYPE_CHECKING:
-    from kvlab.views.widgets import Playground, Stepper, stepper
+    from kvlab.views.live import Stepper, stepper
+    from kvlab.views.playground import Playground
 
-_LAZY = ("Playground", "Stepper", "stepper")  # from kvlab.views.widgets, on first use
+# name -> the module it lives in, imported on first use (ipywidgets is heavy to load)
+_LAZY = {"Playground": "playground", "Stepper": "live", "stepper": "live"}
 
 
 def __getattr__(name: str) -> Any:
-    """``Stepper``, ``stepper``, ``Playground`` (and ``kvlab.views.widgets``), imported on first use."""
-    if name not in (*_LAZY, "widgets"):
+    """``Stepper``, ``stepper``, ``Playground`` (and their modules), imported on first use."""
+    if name in ("playground",):
+        return importlib.import_module("kvlab.views.playground")
+    if name not in _LAZY:
         raise AttributeError(f"module 'kvlab.views' has no attribute {name!r}")
-    module = importlib.import_module("kvlab.views.widgets")  # also sets kvlab.views.widgets
-    return module if name == "widgets" else getattr(module, name)
+    return getattr(importlib.import_module(f"kvlab.views.{_LAZY[name]}"), name)
 
 
 def __dir__() -> list[str]:

@@ -31,8 +31,8 @@ from kvlab.server.agents import AgentRun, AgentTurn
 from kvlab.views import theme
 from kvlab.views._common import Spec, base_layout, check_title, steps_of, title_text
 from kvlab.views.animations import DEFAULT_FRAME_MS, animate, step_caption
+from kvlab.views.live import Stepper
 from kvlab.views.text import caption
-from kvlab.views.widgets import Stepper
 
 _ROW_PX = 46
 

@@ -32,7 +32,7 @@ from kvlab.server.swa import EMPTY, SwaState
 from kvlab.views import theme
 from kvlab.views._common import Spec, base_layout, check_title, legend_entry, steps_of, title_text
 from kvlab.views.animations import DEFAULT_FRAME_MS, animate, step_caption
-from kvlab.views.widgets import Stepper
+from kvlab.views.live import Stepper
 
 FULL = "full-attention layers"
 RING = "SWA cells cover"

@@ -1,0 +1,296 @@
+"""Live widgets for a running kernel: a stepper (a slider over a recorded history) that updates figures in place.
+
+``Stepper`` puts a slider, back / forward / play buttons and a caption above
+one or more plotly ``FigureWidget``s. Moving the slider does not rebuild the
+figures: the view's spec for the new snapshot is compared with the one on
+screen, and only the trace and layout properties that changed are sent, in one
+``batch_update`` per figure. The slider takes the arrow keys once it has focus.
+
+Widgets need a kernel; for exported HTML use ``kvlab.views.animations``.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import ipywidgets as widgets
+import numpy as np
+import plotly.graph_objects as go
+from plotly.basedatatypes import Undefined
+
+from kvlab.core.snapshots import BlockPoolState, ContiguousState, RadixState
+from kvlab.errors import InvalidArgumentError, check_int
+from kvlab.views._common import Spec, steps_of, title_lines
+from kvlab.views.animations import step_caption
+from kvlab.views.figures import VIEW_SPECS, view_hints
+
+ViewFn = Callable[[Any, Any], Any]
+
+#: The views a stepper shows by default for each kind of snapshot.
+DEFAULT_VIEWS: dict[type, tuple[str, ...]] = {
+    ContiguousState: ("contiguous",),
+    BlockPoolState: ("block_pool", "free_queue"),
+    RadixState: ("radix",),
+}
+
+#: ``stepper(history, kind)`` kinds and the views they show.
+KINDS: dict[str, tuple[str, ...]] = {
+    "contiguous": ("contiguous",),
+    "block_pool": ("block_pool",),
+    "paged": ("block_pool",),
+    "free_queue": ("free_queue",),
+    "prefix_cache": ("block_pool", "free_queue"),
+    "radix": ("radix",),
+}
+
+
+# ---------------------------------------------------------------------- updating a figure in place
+
+
+def _as_spec(figure: Any) -> Spec:
+    if isinstance(figure, go.Figure):
+        return figure.to_plotly_json()
+    if isinstance(figure, dict) and "data" in figure:
+        return {"data": list(figure["data"]), "layout": dict(figure.get("layout", {}))}
+    raise InvalidArgumentError(
+        f"a view must return a plotly go.Figure or a {{'data': ..., 'layout': ...}} dict, got {type(figure).__name__}"
+    )
+
+
+def _changed(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """The keys of ``new`` whose values differ from ``old``, and keys ``old`` had that ``new`` lacks (as None)."""
+    out = {k: v for k, v in new.items() if old.get(k, _MISSING) != v}
+    out.update({k: None for k in old if k not in new})
+    return out
+
+
+_MISSING = object()
+
+
+def _fast_array(value: Any) -> Any:
+    """A 2-D list (a heatmap's z, text or hover text) as a numpy array.
+
+    plotly validates and serialises nested Python lists element by element;
+    a numpy array goes through in one piece, which is most of a step's cost
+    on a large pool. Gaps (None) become NaN in numbers and "" in text.
+    """
+    if not (isinstance(value, list) and value):
+        return value
+    if not isinstance(value[0], list):  # a long 1-D list of numbers with None gaps (outlines, crosses)
+        if len(value) > 16 and all(v is None or isinstance(v, (int, float)) for v in value):
+            return np.array([np.nan if v is None else v for v in value], dtype=float)
+        return value
+    flat = [v for row in value for v in row if v is not None]
+    if flat and all(isinstance(v, (int, float)) for v in flat):
+        return np.array(value, dtype=float)
+    if all(isinstance(v, str) for v in flat):
+        return np.array([[v if v is not None else "" for v in row] for row in value], dtype=object)
+    return value
+
+
+class LiveFigure:
+    """A ``FigureWidget`` plus the spec it shows, updated in place with only what changed.
+
+    ``show`` sends one ``plotly_update`` message holding just the trace
+    properties and layout keys that differ from what is on screen. The values
+    come from a spec the view builder made the same way as the figure's first
+    one, so they skip plotly's per-property validation, which would otherwise
+    cost more than drawing the step.
+    """
+
+    def __init__(self, spec: Spec) -> None:
+        self.spec = spec
+        self.widget = go.FigureWidget(spec)
+        self.updates = 0  # properties sent by the last show(), for tests and the benchmark
+
+    def show(self, spec: Spec) -> None:
+        old = self.spec
+        fw = self.widget
+        same_shape = len(old["data"]) == len(spec["data"]) and all(
+            a.get("type") == b.get("type") for a, b in zip(old["data"], spec["data"], strict=True)
+        )
+        if not same_shape:  # a different set of traces: start over
+            with fw.batch_update():
+                fw.data = []
+                fw.add_traces(spec["data"])
+                fw.layout = spec["layout"]
+            self.spec = spec
+            self.updates = len(spec["data"]) + len(spec["layout"])
+            return
+        per_trace = [_changed(before, after) for before, after in zip(old["data"], spec["data"], strict=True)]
+        indexes = [i for i, diff in enumerate(per_trace) if diff]
+        restyle: dict[str, list[Any]] = {}
+        for position, i in enumerate(indexes):
+            for key, value in per_trace[i].items():
+                column = restyle.setdefault(key, [Undefined] * len(indexes))
+                column[position] = _fast_array(value)
+        relayout: dict[str, Any] = {}
+        for key, value in _changed(old["layout"], spec["layout"]).items():
+            before = old["layout"].get(key)
+            if isinstance(value, dict) and isinstance(before, dict) and not set(before) - set(value):
+                for sub, sub_value in _changed(before, value).items():
+                    relayout[f"{key}.{sub}"] = sub_value
+            else:
+                relayout[key] = value
+        if restyle or relayout:
+            fw.plotly_update(restyle_data=restyle or None, relayout_data=relayout or None,
+                             trace_indexes=indexes or None)  # fmt: skip
+        self.spec = spec
+        self.updates = sum(len(d) for d in per_trace) + len(relayout)
+
+
+# ---------------------------------------------------------------------- stepper
+
+
+class Stepper(widgets.VBox):
+    """Step through a recorded history: slider, back / forward / play, caption, linked figures.
+
+    ``views`` is one view name or a list of them (``contiguous``,
+    ``block_pool``, ``free_queue``, ``radix``), or callables
+    ``view(state, previous) -> go.Figure``; by default the views that suit the
+    history's snapshots. ``highlight=(request_id, position)`` is passed to the
+    block-pool view.
+    """
+
+    def __init__(
+        self,
+        history: object,
+        views: str | Sequence[str | ViewFn] | None = None,
+        *,
+        highlight: tuple[str, int] | None = None,
+        interval_ms: int = 900,
+    ) -> None:
+        steps = steps_of(history)
+        kinds = {type(s) for _, s in steps}
+        if len(kinds) != 1:
+            raise InvalidArgumentError(
+                f"a history must hold one kind of snapshot, found {', '.join(sorted(k.__name__ for k in kinds))}"
+            )
+        state_type = kinds.pop()
+        check_int("interval_ms", interval_ms, minimum=1)
+        self.steps = steps
+        self.states = [s for _, s in steps]
+        self.captions = [c for c, _ in steps]
+        self._views = self._resolve_views(views, state_type, highlight)
+        self._cache: dict[tuple[int, int], Spec] = {}
+        self.figures = [LiveFigure(self.spec(v, 0)) for v in range(len(self._views))]
+        n = len(steps)
+        self.slider = widgets.IntSlider(
+            value=0, min=0, max=n - 1, step=1, description="step", continuous_update=True,
+            readout=True, layout=widgets.Layout(width="420px"),
+        )  # fmt: skip
+        self.play = widgets.Play(value=0, min=0, max=n - 1, step=1, interval=interval_ms, description="play",
+                                 show_repeat=False, layout=widgets.Layout(width="120px"))  # fmt: skip
+        widgets.jslink((self.play, "value"), (self.slider, "value"))
+        self.back = widgets.Button(
+            description="◀ back", tooltip="previous step", layout=widgets.Layout(width="90px")
+        )
+        self.forward = widgets.Button(description="forward ▶", tooltip="next step",
+                                      layout=widgets.Layout(width="100px"))  # fmt: skip
+        self.caption = widgets.HTML()
+        self.back.on_click(lambda _: self.step(-1))
+        self.forward.on_click(lambda _: self.step(+1))
+        self.slider.observe(self._on_slider, names="value")
+        # the row wraps (slider under the buttons) in a narrow notebook instead of running off the edge
+        controls = widgets.HBox(
+            [self.back, self.play, self.forward, self.slider], layout=widgets.Layout(flex_flow="row wrap")
+        )
+        super().__init__([controls, self.caption, *(f.widget for f in self.figures)])
+        self._show(0)
+
+    # -- views
+
+    def _resolve_views(
+        self, views: object, state_type: type, highlight: object
+    ) -> list[tuple[str, ViewFn, dict]]:
+        if views is None:
+            views = DEFAULT_VIEWS.get(state_type)
+            if views is None:
+                raise InvalidArgumentError(
+                    f"no default view for {state_type.__name__}; pass views= as callables (state, previous) -> figure"
+                )
+        if isinstance(views, str) or callable(views):
+            views = [views]
+        if not isinstance(views, Sequence) or not views:
+            raise InvalidArgumentError("views must be a view name, a callable, or a non-empty list of them")
+        out: list[tuple[str, ViewFn, dict]] = []
+        for v in views:
+            if callable(v):
+                out.append((getattr(v, "__name__", "view"), v, {}))
+                continue
+            if v not in VIEW_SPECS:
+                raise InvalidArgumentError(
+                    f"unknown view {v!r}: use one of {', '.join(VIEW_SPECS)}, or a callable"
+                )
+            wanted, spec_fn = VIEW_SPECS[v]
+            if not issubclass(state_type, wanted):
+                raise InvalidArgumentError(
+                    f"view {v!r} draws {wanted.__name__} snapshots, but this history holds {state_type.__name__}"
+                )
+            hints = view_hints(v, self.states)
+            count = len(self.states)
+            hints["head_lines"] = max(
+                title_lines(step_caption(i, count, c)) for i, c in enumerate(self.captions)
+            )
+            hints["sub_lines"] = 2
+            if v == "block_pool":
+                hints.update(highlight=highlight, strict=False)
+                if highlight is not None:
+                    hints["sub_lines"] = 3  # the token's translation takes a line of its own
+            out.append((v, spec_fn, hints))
+        return out
+
+    def spec(self, view: int, index: int) -> Spec:
+        """The spec view number ``view`` shows at step ``index`` (what the figure holds after a step)."""
+        key = (view, index)
+        if key not in self._cache:
+            name, fn, hints = self._views[view]
+            state = self.states[index]
+            previous = self.states[index - 1] if index > 0 else None
+            if name in VIEW_SPECS:
+                caption = step_caption(index, len(self.states), self.captions[index])
+                self._cache[key] = fn(state, previous, caption=caption, **hints)
+            else:
+                self._cache[key] = _as_spec(fn(state, previous))
+        return self._cache[key]
+
+    # -- stepping
+
+    @property
+    def index(self) -> int:
+        return int(self.slider.value)
+
+    def go_to(self, index: int) -> None:
+        """Show step ``index`` (negative counts from the end)."""
+        check_int("index", index)
+        n = len(self.states)
+        if not -n <= index < n:
+            raise InvalidArgumentError(f"step {index} does not exist: the history has steps 0..{n - 1}")
+        self.slider.value = index % n
+
+    def step(self, delta: int) -> None:
+        """Move ``delta`` steps, stopping at either end."""
+        self.slider.value = min(max(self.index + delta, 0), len(self.states) - 1)
+
+    def _on_slider(self, change: dict[str, Any]) -> None:
+        self._show(int(change["new"]))
+
+    def _show(self, index: int) -> None:
+        for v, fig in enumerate(self.figures):
+            fig.show(self.spec(v, index))
+        self.caption.value = (f"<b>{html.escape(step_caption(index, len(self.states), ''))}</b>"
+                              f"{html.escape(self.captions[index])}")  # fmt: skip
+        self.back.disabled = index == 0
+        self.forward.disabled = index == len(self.states) - 1
+
+
+def stepper(history: object, kind: str | None = None, **options: Any) -> Stepper:
+    """A ``Stepper`` with the views for ``kind`` (``contiguous``, ``block_pool``, ``free_queue``,
+    ``prefix_cache``, ``radix``); without ``kind``, the views that suit the snapshots."""
+    if kind is None:
+        return Stepper(history, **options)
+    if kind not in KINDS:
+        raise InvalidArgumentError(f"unknown kind {kind!r}: use one of {', '.join(KINDS)}")
+    return Stepper(history, KINDS[kind], **options)
