@@ -22,7 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kvlab.fleet import LESSON_SCENARIOS, FleetConfig, lesson_table  # noqa: E402
+from kvlab.fleet import FleetConfig  # noqa: E402
+from kvlab.lessons.fleet import LESSON_SCENARIOS, lesson_table  # noqa: E402
 
 
 def straightforward_row(config: FleetConfig) -> tuple[int, int]:

@@ -22,7 +22,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from kvlab.errors import OutOfBlocksError
-from kvlab.models.prefix_cache import Block, FreeBlockQueue, PrefixCache
+from kvlab.models.free_queue import Block, FreeBlockQueue
+from kvlab.models.prefix_cache import PrefixCache
 
 
 class ListFreeQueue(FreeBlockQueue):

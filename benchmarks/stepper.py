@@ -30,7 +30,9 @@ import plotly.graph_objects as go
 from kvlab.core.snapshots import History
 from kvlab.errors import OutOfBlocksError
 from kvlab.models.prefix_cache import PrefixCache
-from kvlab.views.figures import block_pool_spec, free_queue_spec, view_hints
+from kvlab.views import registry
+from kvlab.views.block_pool import block_pool_spec
+from kvlab.views.free_queue import free_queue_spec
 from kvlab.views.live import Stepper
 
 GOAL_MS = 30.0
@@ -91,7 +93,7 @@ def main() -> None:
         step_cpu.append(c)
         sent.append(sum(f.updates for f in stepper.figures))
 
-    hints = view_hints("block_pool", states)
+    hints = registry.get("block_pool").hints(states)
 
     def specs(i: int) -> tuple[dict, dict]:
         prev = states[i - 1] if i else None

@@ -24,11 +24,13 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
+from kvlab import views
 from kvlab.core import hashing
 from kvlab.core.snapshots import BlockPoolState, BlockState
-from kvlab.models import contiguous, paged, prefix_cache, radix, utilization
+from kvlab.lessons import ex01, ex02, ex03, ex04, ex05, ex07, ex08
+from kvlab.models import radix
 from kvlab.models.prefix_cache import PrefixCache
-from kvlab.views import animations, figures
+from kvlab.views import animations
 from kvlab.views.live import Stepper
 from kvlab.views.playground import Playground
 from kvlab.views.text import caption
@@ -60,16 +62,16 @@ def animation_frames(name: str, fig: go.Figure, picks: list[int]) -> Iterator[Re
 
 def renders() -> Iterator[Render]:
     # example 1: contiguous regions
-    ex1 = contiguous.example_1()
+    ex1 = ex01.example_1()
     yield (
         "ex1_reserve_max",
-        lambda: figures.contiguous_figure(
+        lambda: views.contiguous_figure(
             ex1.reserve_max.history[-1].state, title="Reserve 2,048 slots per request"
         ),
     )
     yield (
         "ex1_exact_fit",
-        lambda: figures.contiguous_figure(
+        lambda: views.contiguous_figure(
             ex1.exact_fit.history[-1].state, title="Exact sizes, first fit, after q1 and q3 finish"
         ),
     )
@@ -78,113 +80,114 @@ def renders() -> Iterator[Render]:
     )
 
     # example 2: block tables and the slot of one token
-    ex2 = paged.example_2()
-    yield "ex2_block_tables", lambda: figures.block_pool_figure(ex2.history[-1].state, highlight=("A", 36))
-    yield "ex2_slot_B19", lambda: figures.block_pool_figure(ex2.history[-1].state, highlight=("B", 19))
+    ex2 = ex02.example_2()
+    yield "ex2_block_tables", lambda: views.block_pool_figure(ex2.history[-1].state, highlight=("A", 36))
+    yield "ex2_slot_B19", lambda: views.block_pool_figure(ex2.history[-1].state, highlight=("B", 19))
 
     # example 3: utilization, 512 blocks
-    ex3 = utilization.example_3()
-    yield "ex3_utilization", lambda: figures.utilization_figure([ex3.reserving, ex3.paged])
+    ex3 = ex03.example_3()
+    yield "ex3_utilization", lambda: views.utilization_figure([ex3.reserving, ex3.paged])
     assert ex3.paged.history is not None and ex3.reserving.history is not None
     yield (
         "ex3_paged_512_blocks",
-        lambda: figures.block_pool_figure(ex3.paged.history[-1].state, title="8 requests on 16-token blocks"),
+        lambda: views.block_pool_figure(ex3.paged.history[-1].state, title="8 requests on 16-token blocks"),
     )
-    yield "ex3_reserving", lambda: figures.contiguous_figure(ex3.reserving.history[-1].state)
+    yield "ex3_reserving", lambda: views.contiguous_figure(ex3.reserving.history[-1].state)
 
     # example 4: fork and copy-on-write
-    ex4 = paged.example_4()
+    ex4 = ex04.example_4()
     states4 = ex4.history
-    yield "ex4_after_fork", lambda: figures.block_pool_figure(states4[3].state, title="After the fork")
-    yield "ex4_after_cow", lambda: figures.block_pool_figure(states4[-1].state, title="After copy-on-write")
+    yield "ex4_after_fork", lambda: views.block_pool_figure(states4[3].state, title="After the fork")
+    yield "ex4_after_cow", lambda: views.block_pool_figure(states4[-1].state, title="After copy-on-write")
     yield from animation_frames("ex4_anim", animations.block_pool_animation(states4), [0, 4, -1])
     yield (
         "ex4_free_list_cow",
-        lambda: figures.free_queue_figure(states4[4].state, states4[3].state, title=caption(states4[4])),
+        lambda: views.free_queue_figure(states4[4].state, states4[3].state, title=caption(states4[4])),
     )
 
     # example 5: a shared system prompt
-    ex5 = paged.example_5()
+    ex5 = ex05.example_5()
     yield (
         "ex5_shared_prefix",
-        lambda: figures.block_pool_figure(ex5.history[-1].state, highlight=("request 2", 64)),
+        lambda: views.block_pool_figure(ex5.history[-1].state, highlight=("request 2", 64)),
     )
 
     # example 6: chained hashes
     base = [11, 12, 13, 14, 21, 22, 23, 24, 31, 32, 33, 34, 41, 42]
     late, early = list(base), list(base)
     late[9], early[1] = 99, 99
-    chains = {"base": base, "late edit": late, "early edit": early, "cache salt": base}
-    yield (
-        "ex6_hash_chain",
-        lambda: figures.hash_chain_figure(chains, block_size=4, salts={"cache salt": "tenant-b"}),
-    )
+    rows = {"base": base, "late edit": late, "early edit": early}
+    chains = {name: hashing.hash_chain(tokens, 4) for name, tokens in rows.items()}
+    chains["cache salt"] = hashing.hash_chain(base, 4, salt="tenant-b")
+    yield "ex6_hash_chain", lambda: views.hash_chain_figure(chains)
     digests = {
         "lesson": hashing.block_hashes(base, 4),
         "vllm scheme": hashing.block_hashes(base, 4, scheme="vllm"),
     }
-    yield "ex6_digests", lambda: figures.hash_chain_figure(digests, title="Same tokens, two hash schemes")
+    yield "ex6_digests", lambda: views.hash_chain_figure(digests, title="Same tokens, two hash schemes")
 
     # example 7: the free queue and LRU eviction
-    ex7 = prefix_cache.example_7()
+    ex7 = ex07.example_7()
     h7 = ex7.history
     for i in range(1, len(h7)):
         yield (
             f"ex7_free_queue_{i}",
-            lambda i=i: figures.free_queue_figure(h7[i].state, h7[i - 1].state, title=caption(h7[i])),
+            lambda i=i: views.free_queue_figure(h7[i].state, h7[i - 1].state, title=caption(h7[i])),
         )
-    yield "ex7_pool_after_D", lambda: figures.block_pool_figure(h7[6].state, title=caption(h7[6]))
+    yield "ex7_pool_after_D", lambda: views.block_pool_figure(h7[6].state, title=caption(h7[6]))
     yield from animation_frames("ex7_queue_anim", animations.free_queue_animation(h7), [0, 5, 6])
     yield from animation_frames("ex7_pool_anim", animations.block_pool_animation(h7), [5, 6])
 
     # example 8: the radix tree
-    ex8 = radix.example_8()
+    ex8 = ex08.example_8()
     for step in ex8.history:
         yield (
             f"ex8_radix_{step.index}",
-            lambda step=step: figures.radix_tree_figure(step.state, title=caption(step)),
+            lambda step=step: views.radix_tree_figure(step.state, title=caption(step)),
         )
     yield from animation_frames("ex8_anim", animations.radix_animation(ex8.history), [2, 4, -1])
 
     # examples 9, 10, 13 and lesson 002: bars and lines
-    from kvlab import fleet
-    from kvlab.server import agents, layout, slots
+    from kvlab.lessons.ex09 import example_9
+    from kvlab.lessons.ex10 import example_10
+    from kvlab.lessons.ex13 import example_13
+    from kvlab.lessons.fleet import lesson_table
 
-    ex9 = layout.example_9()
+    ex9 = example_9()
     yield (
         "ex9_hit_rates",
-        lambda: figures.hit_rate_figure(ex9, title="Prompt layout and hit rate (example 9)"),
+        lambda: views.hit_rate_figure(ex9, title="Prompt layout and hit rate (example 9)"),
     )
     yield (
         "ex9_computed_per_turn",
-        lambda: figures.per_turn_figure(
+        lambda: views.per_turn_figure(
             {name: [t.computed_tokens for t in run.turns] for name, run in ex9.items()},
             y_title="tokens computed",
             title="Tokens computed per turn (example 9)",
         ),
     )
-    ex10 = slots.example_10()
+    ex10 = example_10()
     yield (
         "ex10_cache_n",
-        lambda: figures.cache_n_figure(
+        lambda: views.cache_n_figure(
             {"append-only": ex10.kvlab_append_only, "clock in system prompt": ex10.kvlab_clock}
         ),
     )
     yield (
         "ex10_cache_n_lesson",
-        lambda: figures.cache_n_figure(
+        lambda: views.cache_n_figure(
             {"append-only": ex10.lesson_append_only, "clock in system prompt": ex10.lesson_clock},
             title="llama-server's counters as the lesson recorded them",
         ),
     )
-    ex13 = agents.example_13()
-    yield "ex13_tokens_per_turn", lambda: figures.tokens_per_turn_figure(ex13)
-    yield "ex13_cumulative", lambda: figures.tokens_per_turn_figure(ex13, cumulative=True)
-    table = fleet.lesson_table()
-    yield "fleet_hit_rates", lambda: figures.hit_rate_figure(table, title="200 chat users (lesson 002)")
+    ex13 = example_13()
+    yield "ex13_tokens_per_turn", lambda: views.tokens_per_turn_figure(ex13)
+    yield "ex13_cumulative", lambda: views.tokens_per_turn_figure(ex13, cumulative=True)
+    table = lesson_table()
+    yield "fleet_hit_rates", lambda: views.hit_rate_figure(table, title="200 chat users (lesson 002)")
     yield (
         "fleet_hit_rate_by_turn",
-        lambda: figures.per_turn_figure(
+        lambda: views.per_turn_figure(
             {r.scenario: [100 * v for v in r.trace.hit_rate_by_turn()] for r in table[1:4]},
             y_title="hit rate (%)",
             title="Hit rate by the user's turn number (lesson 002)",
@@ -193,19 +196,19 @@ def renders() -> Iterator[Render]:
 
     # edge cases: the same builders on unusual pools
     for name, state in edge_pools():
-        yield f"edge_pool_{name}", lambda state=state, name=name: figures.block_pool_figure(state, title=name)
+        yield f"edge_pool_{name}", lambda state=state, name=name: views.block_pool_figure(state, title=name)
         yield (
             f"edge_queue_{name}",
-            lambda state=state, name=name: figures.free_queue_figure(state, title=name),
+            lambda state=state, name=name: views.free_queue_figure(state, title=name),
         )
     yield (
         "edge_radix_empty",
-        lambda: figures.radix_tree_figure(radix.RadixTree().snapshot(), title="empty tree"),
+        lambda: views.radix_tree_figure(radix.RadixTree().snapshot(), title="empty tree"),
     )
     wide = radix.RadixTree()
     for k in range(24):
         wide.insert([1, 2, 3, 100 + k, 200 + k])
-    yield "edge_radix_24_leaves", lambda: figures.radix_tree_figure(wide.snapshot(), title="24 leaves")
+    yield "edge_radix_24_leaves", lambda: views.radix_tree_figure(wide.snapshot(), title="24 leaves")
 
     # the widgets' figures as they look after some steps
     stepper = Stepper(h7)

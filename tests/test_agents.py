@@ -3,7 +3,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvlab.errors import InvalidArgumentError
-from kvlab.server.agents import AppendOnly, HistoryPolicy, KeepLast, SummarizeOnce, example_13, run_agent
+from kvlab.lessons.ex13 import example_13
+from kvlab.server.agents import AppendOnly, HistoryPolicy, KeepLast, SummarizeOnce, run_agent
 from kvlab.server.slots import SlotServer
 
 LESSON_LINES = [

@@ -19,7 +19,7 @@ import sglang_harness  # noqa: E402
 import vllm_harness  # noqa: E402
 
 from kvlab.cli.replay import replay  # noqa: E402
-from kvlab.models.prefix_cache import example_7_scenario  # noqa: E402
+from kvlab.lessons.ex07 import example_7_scenario  # noqa: E402
 
 needs_vllm = pytest.mark.skipif(
     not vllm_harness.available(),

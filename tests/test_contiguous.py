@@ -7,10 +7,11 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from kvlab.core.snapshots import ContiguousState, Region
+from kvlab.core.snapshots import ContiguousState, Event, Region
 from kvlab.errors import DuplicateRequestError, InvalidArgumentError, UnknownRequestError
-from kvlab.models.contiguous import ContiguousPool, exact_fit, example_1, reserve_max
-from kvlab.views.text import caption
+from kvlab.lessons.ex01 import exact_fit, example_1, reserve_max
+from kvlab.models.contiguous import ContiguousPool
+from kvlab.views.text import caption, captions
 
 # ---------------------------------------------------------------- lesson example 1
 
@@ -102,6 +103,26 @@ def test_release_returns_the_region():
 
 def test_not_recording_keeps_no_history():
     assert ContiguousPool(10).history is None
+
+
+def test_steps_record_events_that_read_as_captions():
+    pool = ContiguousPool(100, record=True)
+    pool.reserve("a", 60, used=10)
+    pool.reserve("b", 41)
+    pool.release("a")
+    assert pool.history is not None
+    assert pool.history.events == [
+        Event.of("contiguous.create", pool_size=100),
+        Event.of("contiguous.reserve", request_id="a", size=60, used=10, start=0),
+        Event.of("contiguous.reserve", request_id="b", size=41, used=41, start=None, largest_gap=40),
+        Event.of("contiguous.release", request_id="a", start=0, end=60),
+    ]
+    assert captions(pool.history) == [
+        "empty pool of 100 slots",
+        "a: 60 slots at [0, 60), 10 used",
+        "b: 41 slots refused, largest gap 40",
+        "a finishes: [0, 60) is free",
+    ]
 
 
 # ---------------------------------------------------------------- bad input

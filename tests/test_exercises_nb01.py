@@ -6,7 +6,7 @@ import pytest
 
 import kvlab.exercises as ex
 from kvlab.exercises import core
-from kvlab.models.contiguous import reserve_max
+from kvlab.lessons.ex01 import reserve_max
 
 
 @pytest.fixture(autouse=True)

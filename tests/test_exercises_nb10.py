@@ -8,7 +8,9 @@ import kvlab.exercises as ex
 from kvlab.core.chat_format import Tokenizer
 from kvlab.exercises import core
 from kvlab.exercises.nb10 import MESSAGES, _first_requests
-from kvlab.server.slots import EXAMPLE_SYSTEM, LESSON_APPEND_ONLY, SlotServer, replay_chat
+from kvlab.lessons.ex10 import EXAMPLE_SYSTEM, LESSON_APPEND_ONLY
+from kvlab.server.conversation import replay_chat
+from kvlab.server.slots import SlotServer
 
 
 @pytest.fixture(autouse=True)

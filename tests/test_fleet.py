@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import random
+import subprocess
+import sys
 from collections import OrderedDict
 from dataclasses import replace
 
@@ -13,7 +15,11 @@ from hypothesis import strategies as st
 
 from kvlab import fleet
 from kvlab.errors import InvalidArgumentError
-from kvlab.fleet import FleetConfig, chat_traffic, lesson_table, simulate, simulate_many
+from kvlab.fleet import FleetConfig, chat_traffic, simulate, simulate_many
+from kvlab.fleet import traffic as fleet_traffic
+from kvlab.fleet.keys import KeyedRequest
+from kvlab.fleet.store import LruStore
+from kvlab.lessons.fleet import LESSON_ROWS, LESSON_SCENARIOS, lesson_row, lesson_table
 
 SMALL = FleetConfig(users=12, turns=4, system_tokens=160, capacity_blocks=600)
 
@@ -22,7 +28,7 @@ SMALL = FleetConfig(users=12, turns=4, system_tokens=160, capacity_blocks=600)
 
 def test_lesson_table_matches_the_lesson():
     rows = lesson_table()
-    assert [r.scenario for r in rows] == [name for name, _ in fleet.LESSON_SCENARIOS]
+    assert [r.scenario for r in rows] == [name for name, _ in LESSON_SCENARIOS]
     assert [r.capacity_blocks for r in rows] == [0, 20_000, 5_000, 1_000, 20_000, 20_000]
     assert [round(100 * r.hit_rate, 1) for r in rows] == [0.0, 92.8, 67.8, 58.0, 0.0, 56.5]
     assert [r.prefill_tokens for r in rows] == [2_581_118, 187_102, 831_582, 1_083_470, 2_583_518, 1_123_214]
@@ -36,12 +42,13 @@ def test_lesson_table_matches_the_lesson():
         "prefill_tokens": 187_102,
         "total_tokens": 2_581_118,
     }
+    assert tuple(lesson_row(r) for r in rows) == LESSON_ROWS
 
 
 def test_bulk_draws_equal_random_random():
-    assert fleet._fast_draws_match()
+    assert fleet_traffic._fast_draws_match()
     for args in [(200, 6, 1, 1200), (5, 3, -7, 0), (3, 9, 2**40, 17)]:
-        assert fleet._draw_traffic_fast(*args) == fleet._draw_traffic_reference(*args)
+        assert fleet_traffic._draw_traffic_fast(*args) == fleet_traffic._draw_traffic_reference(*args)
 
 
 def test_traffic_shape():
@@ -186,19 +193,19 @@ def test_hits_come_in_whole_blocks():
 
 
 def test_the_last_prompt_token_is_never_a_hit():
-    store = fleet._LruStore(10)
+    store = LruStore(10)
     keys = ["a", "b", "c", "d"]
     store.blocks.update(dict.fromkeys(keys))
     # a 64-token prompt of four cached 16-token blocks: only (64 - 1) // 16 = 3 may hit
-    request = fleet._Request(0, 0, 0, None, 64, keys, (64 - 1) // 16, 4)
+    request = KeyedRequest(0, 0, 0, None, 64, keys, (64 - 1) // 16, 4)
     assert store.serve(request) == (3, 0)
     assert list(store.blocks) == ["d", "a", "b", "c"]  # hits touched; the cached last block left in place
 
 
 def test_lru_evicts_the_oldest_block():
-    store = fleet._LruStore(3)
-    assert store.serve(fleet._Request(0, 0, 0, None, 40, ["a", "b", "c"], 2, 3)) == (0, 0)
-    assert store.serve(fleet._Request(1, 1, 0, None, 33, ["a", "x"], 2, 2)) == (1, 1)  # evicts b
+    store = LruStore(3)
+    assert store.serve(KeyedRequest(0, 0, 0, None, 40, ["a", "b", "c"], 2, 3)) == (0, 0)
+    assert store.serve(KeyedRequest(1, 1, 0, None, 33, ["a", "x"], 2, 2)) == (1, 1)  # evicts b
     assert list(store.blocks) == ["c", "a", "x"]
 
 
@@ -335,6 +342,33 @@ def test_engine_errors_before_running():
 def test_bad_configs_are_rejected(change, match):
     with pytest.raises(InvalidArgumentError, match=match):
         replace(SMALL, **change)
+
+
+def test_choices_compare_by_exact_str():
+    class Anything:  # claims to equal every choice
+        def __eq__(self, other):
+            return True
+
+        __hash__ = object.__hash__
+
+    with pytest.raises(InvalidArgumentError, match="header must be one of none, start, before-message"):
+        replace(SMALL, header=Anything())
+
+    class Name(str):
+        pass
+
+    assert type(replace(SMALL, salt=Name("user")).salt) is str  # a str subclass is kept as the plain str
+
+
+def test_the_fleet_imports_no_upper_room():
+    code = (
+        "import sys, kvlab.fleet; "
+        "print(sorted(m for m in sys.modules if m.split('.')[1:2] in "
+        "(['lessons'], ['views'], ['cli'], ['exercises'])))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+    assert {"simulate", "FleetConfig", "chat_traffic", "UserTurn"} <= set(fleet.__all__)
 
 
 def test_bad_calls_are_rejected():

@@ -168,7 +168,8 @@ def test_short():
 
 
 def test_example_6_runner_reproduces_the_lesson() -> None:
-    from kvlab.core.hashing import example_6, short
+    from kvlab.core.hashing import short
+    from kvlab.lessons.ex06 import example_6
 
     chains = {name: [short(h) for h in hashes] for name, hashes in example_6().items()}
     assert chains == {

@@ -3,12 +3,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvlab.errors import InvalidArgumentError
+from kvlab.lessons.ex09 import example_9
 from kvlab.server.layout import (
     SCHEMES,
     AgentSession,
     Segment,
     chained_hashes,
-    example_9,
     fixed,
     history,
     new_message,

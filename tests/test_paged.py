@@ -16,17 +16,10 @@ from kvlab.errors import (
     OutOfBlocksError,
     UnknownRequestError,
 )
-from kvlab.models.paged import (
-    UNKNOWN_TOKEN,
-    BlockPool,
-    Copy,
-    example_2,
-    example_4,
-    example_5,
-    parallel_sampling,
-    shared_prefix,
-    system_prompt_request,
-)
+from kvlab.lessons.ex02 import example_2
+from kvlab.lessons.ex04 import example_4, parallel_sampling
+from kvlab.lessons.ex05 import example_5, shared_prefix, system_prompt_request
+from kvlab.models.paged import UNKNOWN_TOKEN, BlockPool, Copy
 
 # ---------------------------------------------------------------- example 2
 
@@ -34,12 +27,12 @@ from kvlab.models.paged import (
 def test_example_2_block_tables():
     ex = example_2()
     assert ex.tables == {"A": (7, 2, 9), "B": (4, 0)}
-    assert ex.free_blocks == (5, 11, 3)
+    assert ex.free_queue == (5, 11, 3)
 
 
 def test_example_2_translations():
     rows = [
-        (t.seq_id, t.position, t.logical_block, t.offset, t.physical_block, t.slot)
+        (t.request_id, t.position, t.logical_block, t.offset, t.physical_block, t.slot)
         for t in example_2().translations
     ]
     assert rows == [
@@ -54,7 +47,7 @@ def test_example_2_translations():
 def test_example_2_history_ends_with_the_lesson_state():
     final = example_2().history[-1].state
     assert final.table("A") == (7, 2, 9) and final.table("B") == (4, 0)
-    assert final.seq_len("A") == 37 and final.seq_len("B") == 20
+    assert final.num_tokens("A") == 37 and final.num_tokens("B") == 20
     assert final.free_queue == (5, 11, 3)
 
 
@@ -91,7 +84,7 @@ def test_example_4_snapshots_mark_the_copy():
     copies = [s.copied_blocks for s in states if s.copied_blocks]
     assert copies == [((2, 3),), ((2, 4),)]
     final = states[-1]
-    assert [final.seq_len(f"sample {i}") for i in range(3)] == [41, 41, 41]
+    assert [final.num_tokens(f"sample {i}") for i in range(3)] == [41, 41, 41]
     assert [b.num_tokens for b in final.blocks[:5]] == [16, 16, 9, 9, 9]
 
 
@@ -135,7 +128,7 @@ def test_example_5_only_full_blocks_carry_a_hash():
     assert hashed == [0, 1, 2, 3, 4, 6, 7]  # 5 and 8 are partly filled
     expected = block_hashes(system_prompt_request(70, 20, 5000), 16)
     assert [final.blocks[b].block_hash for b in range(5)] == [short(h) for h in expected]
-    assert final.hit_blocks == (0, 1, 2, 3) and final.new_blocks == (6, 7, 8)
+    assert final.hit_block_ids == (0, 1, 2, 3) and final.new_block_ids == (6, 7, 8)
 
 
 def test_reuse_stops_at_the_first_miss():
@@ -143,7 +136,7 @@ def test_reuse_stops_at_the_first_miss():
     b = list(a)
     b[20] = 999  # block 1 differs; block 2 has the same tokens but a different prefix
     ex = shared_prefix([a, b], block_size=16)
-    assert ex.requests[1].hit_blocks == (0,)
+    assert ex.requests[1].hit_block_ids == (0,)
     assert ex.requests[1].block_table == (0, 3, 4)
 
 
@@ -152,7 +145,7 @@ def test_blocks_filled_by_append_become_shareable():
     pool.allocate("a", [1, 2, 3])
     pool.append("a", [4, 5])
     result = pool.allocate("b", [1, 2, 3, 4, 5, 6])
-    assert result.hit_blocks == (0,) and result.num_cached_tokens == 4
+    assert result.hit_block_ids == (0,) and result.num_cached_tokens == 4
 
 
 def test_whole_prompt_hit_and_vllm_cap():
@@ -171,15 +164,15 @@ def test_freed_blocks_forget_their_prefix():
     pool = BlockPool(4, 2, share_prefixes=True, record=True)
     pool.allocate("a", [1, 2, 3])
     pool.free("a")
-    assert pool.history is not None and pool.history[-1].state.evicted_blocks == (0,)
-    assert pool.allocate("b", [1, 2, 3]).hit_blocks == ()
+    assert pool.history is not None and pool.history[-1].state.evicted_block_ids == (0,)
+    assert pool.allocate("b", [1, 2, 3]).hit_block_ids == ()
 
 
 def test_counted_tokens_are_never_shared():
     pool = BlockPool(4, 2, share_prefixes=True)
     pool.allocate("a", 4)
     assert pool.tokens("a") == [UNKNOWN_TOKEN] * 4
-    assert pool.allocate("b", 4).hit_blocks == ()
+    assert pool.allocate("b", 4).hit_block_ids == ()
     assert all(b.block_hash is None for b in pool.snapshot().blocks)
 
 
@@ -188,7 +181,7 @@ def test_free_returns_blocks_to_the_back_in_table_order():
     pool.allocate("a", 9)
     assert pool.block_table("a") == (5, 4, 3)
     assert pool.free("a") == (5, 4, 3)
-    assert pool.free_blocks == (2, 1, 0, 5, 4, 3)
+    assert pool.free_queue() == [2, 1, 0, 5, 4, 3]
 
 
 def test_shared_block_is_freed_only_by_its_last_holder():
@@ -209,14 +202,14 @@ def test_history_records_each_operation():
     assert pool.history is not None
     assert len(pool.history) == 5
     assert pool.history[0].state.free_queue == (0, 1, 2, 3)
-    assert pool.history[2].state.new_blocks == (1,)
+    assert pool.history[2].state.new_block_ids == (1,)
     assert pool.history[4].state.tables == (("b", (0, 1)),)
 
 
 def test_utilization_of_a_pool_is_the_lesson_waste():
     pool = BlockPool(4, 16)
     pool.allocate("a", 17)  # 17 tokens: 2 blocks, 15 slots wasted
-    assert pool.num_used_blocks * 16 - pool.seq_len("a") == 15
+    assert pool.num_used_blocks * 16 - pool.num_tokens("a") == 15
 
 
 # ---------------------------------------------------------------- bad input
@@ -259,8 +252,8 @@ def _busy_pool() -> BlockPool:
     ("call", "error", "message"),
     [
         (lambda p: p.allocate("a", 3), DuplicateRequestError, "sequence 'a' already exists"),
-        (lambda p: p.allocate("", 3), InvalidArgumentError, "seq_id must be a non-empty string"),
-        (lambda p: p.allocate(5, 3), InvalidArgumentError, "seq_id must be a non-empty string"),
+        (lambda p: p.allocate("", 3), InvalidArgumentError, "request_id must be a non-empty string"),
+        (lambda p: p.allocate(5, 3), InvalidArgumentError, "request_id must be a non-empty string"),
         (lambda p: p.allocate("d", 0), InvalidArgumentError, "tokens must be at least 1"),
         (lambda p: p.allocate("d", -2), InvalidArgumentError, "tokens must be at least 1"),
         (lambda p: p.allocate("d", []), InvalidArgumentError, "tokens is empty"),
@@ -360,8 +353,8 @@ class BlockPoolMachine(RuleBasedStateMachine):
             assert self.pool.num_free_blocks == free_before
             return
         self.expected[seq] = list(tokens)
-        assert result.num_cached_tokens == len(result.hit_blocks) * self.BLOCK_SIZE
-        assert free_before - self.pool.num_free_blocks == len(result.new_blocks)
+        assert result.num_cached_tokens == len(result.hit_block_ids) * self.BLOCK_SIZE
+        assert free_before - self.pool.num_free_blocks == len(result.new_block_ids)
 
     def _pick(self, index: int) -> str:
         return list(self.expected)[index % len(self.expected)]
@@ -371,7 +364,9 @@ class BlockPoolMachine(RuleBasedStateMachine):
     def append(self, index, tokens):
         seq = self._pick(index)
         old_last = self.pool.block_table(seq)[-1]
-        shared_partial = self.pool.ref_count(old_last) > 1 and self.pool.seq_len(seq) % self.BLOCK_SIZE != 0
+        shared_partial = (
+            self.pool.ref_count(old_last) > 1 and self.pool.num_tokens(seq) % self.BLOCK_SIZE != 0
+        )
         try:
             result = self.pool.append(seq, tokens)
         except OutOfBlocksError:
@@ -421,7 +416,7 @@ class BlockPoolMachine(RuleBasedStateMachine):
             table = state.table(seq)
             # each sequence reads back exactly what it wrote, through its table
             assert [t for b in table for t in state.blocks[b].tokens] == tokens
-            assert state.seq_len(seq) == len(tokens)
+            assert state.num_tokens(seq) == len(tokens)
             assert len(table) == -(-len(tokens) // bs)
             # slot mapping: physical * block_size + offset, one distinct slot per position
             mapping = self.pool.slot_mapping(seq)

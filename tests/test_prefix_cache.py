@@ -14,7 +14,8 @@ from kvlab.errors import (
     OutOfBlocksError,
     UnknownRequestError,
 )
-from kvlab.models.prefix_cache import HashLabels, PrefixCache, example_7
+from kvlab.lessons.ex07 import HashLabels, example_7
+from kvlab.models.prefix_cache import PrefixCache
 from kvlab.views.text import caption
 
 # ---------------------------------------------------------------------- lesson example 7
@@ -28,10 +29,10 @@ def test_example_7_evictions_and_queues(block_size, scheme):
     assert ex.queues == ((3, 4, 5, 2, 1, 0), (5, 2, 1, 0, 4, 3), (5, 1, 0))
     assert len(ex.history) == 8  # initial state + 7 operations
     after_c = ex.history[5].state
-    assert after_c.hit_blocks == (0, 1) and after_c.new_blocks == (5,)
+    assert after_c.hit_block_ids == (0, 1) and after_c.new_block_ids == (5,)
     assert after_c.free_queue == (2, 4, 3)  # C touched 0 and 1 out of the queue and took 5 from the front
     after_d = ex.history[6].state
-    assert after_d.evicted_blocks == (2, 4, 3)
+    assert after_d.evicted_block_ids == (2, 4, 3)
     assert [after_d.blocks[b].block_hash for b in (2, 4, 3)] == ["d1", "d2", "d3"]
     final = ex.history[-1].state
     assert final.free_queue == (5, 1, 0)
@@ -255,8 +256,8 @@ def test_history_records_each_successful_call():
     cache.free("A")
     assert len(cache.history) == 5
     assert cache.history[0].state.free_queue == (0, 1, 2, 3)
-    assert cache.history[1].state.new_blocks == (0, 1)
-    assert cache.history[2].state.hit_blocks == (0,)
+    assert cache.history[1].state.new_block_ids == (0, 1)
+    assert cache.history[2].state.hit_block_ids == (0,)
     assert cache.history[-1].state.free_queue == (2, 3, 1, 0)
     assert cache.history[1].state.blocks[0].tokens == (1, 2)
     assert cache.history[3].state.blocks[1].tokens == (3, 4)
@@ -495,7 +496,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
             assert block.ref_count == holders.get(block.block_id, 0)
             assert (block.block_id in queue) == (block.ref_count == 0)
         for rid, table in state.tables:
-            assert len(table) == -(-state.seq_len(rid) // state.block_size)
+            assert len(table) == -(-state.num_tokens(rid) // state.block_size)
 
     @invariant()
     def hash_map_agrees_with_blocks(self):

@@ -11,8 +11,10 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from kvlab.core.snapshots import RadixNodeState, RadixState
 from kvlab.errors import InvalidArgumentError, KvlabError
-from kvlab.models.radix import RadixNode, RadixTree, example_8, format_tree
-from kvlab.views.text import caption
+from kvlab.lessons.ex08 import example_8
+from kvlab.models.radix import RadixNode, RadixTree
+from kvlab.views.text import caption, captions
+from kvlab.views.text.radix import format_tree
 
 # ---------------------------------------------------------------------- helpers
 
@@ -141,6 +143,46 @@ def test_example_8_by_hand_through_the_api():
     assert tree.lock(hit.node) == -9
     assert tree.evict(1) == [(30, 31)]
     assert (tree.evictable_size, tree.protected_size) == (2, 9)
+
+
+def test_example_8_captions_and_events():
+    ex = example_8()
+    assert captions(ex.history) == [
+        "empty tree",
+        "insert [1, 2, 3, 4, 5, 6, 10, 11]: 0 tokens already present",
+        "insert [1, 2, 3, 4, 5, 6, 20, 21, 22]: 6 tokens already present",
+        "insert [1, 2, 3, 4, 5, 6, 10, 11, 30, 31]: 8 tokens already present",
+        "match [1, 2, 3, 4, 5, 6, 20, 21, 22, 40]: 9 tokens cached",
+        "lock node #3 (9 tokens to the root)",
+        "evict 1: freed 2 tokens in 1 leaf",
+    ]
+    kinds = [step.event.kind for step in ex.history]
+    assert kinds == ["radix.create"] + ["radix.insert"] * 3 + ["radix.match", "radix.lock", "radix.evict"]
+    assert ex.history[-1].event["evicted"] == ((30, 31),)
+
+
+def test_long_prompts_and_extra_keys_in_captions():
+    tree = RadixTree(page_size=2, record=True)
+    tree.insert(list(range(30)), "lora")
+    hit = tree.match([0, 1, 2, 3, 9])
+    tree.lock(hit.node)
+    tree.unlock(hit.node)
+    tree.evict(3)
+    assert captions(tree.history) == [
+        "empty tree",
+        "insert [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, ... (30 tokens)] (extra_key 'lora'): 0 tokens already present",
+        "match [0, 1, 2, 3]: 0 tokens cached",
+        "lock node #0 (0 tokens to the root)",
+        "unlock node #0 (0 tokens to the root)",
+        "evict 3: freed 30 tokens in 1 leaf",
+    ]
+
+
+def test_not_recording_builds_no_events():
+    tree = RadixTree()
+    tree.insert([1, 2, 3])
+    tree.lock(tree.match([1, 2]).node)
+    assert tree.history is None
 
 
 # ---------------------------------------------------------------------- match and insert

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kvlab.errors import ScenarioError
-from kvlab.models.prefix_cache import example_7_scenario
+from kvlab.lessons.ex07 import example_7_scenario
 from kvlab.scenarios.prefix_cache import replay
 
 ROOT = Path(__file__).resolve().parents[1]

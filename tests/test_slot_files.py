@@ -8,12 +8,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvlab.errors import InvalidArgumentError, SlotBusyError, SlotFileError
+from kvlab.lessons.ex11 import arithmetic_report
 from kvlab.server.slot_files import (
     LLAMA_8B,
     TINY_MODEL,
     ModelShape,
     SlotData,
-    arithmetic_report,
     check_filename,
     decode_slot,
     encode_slot,

@@ -4,22 +4,18 @@ from hypothesis import strategies as st
 
 from kvlab.core.chat_format import Message, Tokenizer, render
 from kvlab.errors import DuplicateRequestError, InvalidArgumentError, SlotBusyError, UnknownRequestError
-from kvlab.server.slots import (
+from kvlab.lessons.ex10 import (
     EXAMPLE_MESSAGES,
     EXAMPLE_SYSTEM,
     LESSON_APPEND_ONLY,
     LESSON_CLOCK,
-    MIB,
     NOTES_APPEND_ONLY,
-    SlotServer,
     arithmetic_report,
     clock_at_ten,
-    common_prefix,
     example_10,
-    predicted_cache_n,
-    replay_chat,
-    tokens_processed,
 )
+from kvlab.server.conversation import predicted_cache_n, replay_chat, tokens_processed
+from kvlab.server.slots import MIB, SlotServer, common_prefix
 from kvlab.views.text import caption
 
 LESSON_LINES = [
@@ -196,6 +192,27 @@ def test_history_records_every_start_and_finish():
     assert len(s.history) == 5 and caption(s.history[0]) == "start"
     assert s.history[-1].state.last.cache_n == 2
     assert SlotServer(record=False).history is None
+
+
+def test_each_step_records_an_event_and_its_caption():
+    s = SlotServer(2, cache_ram_mib=0)
+    s.complete([1, 2, 3], max_tokens=2, generated=[7, 8])
+    s.load_tokens(1, [5, 6])
+    s.erase(1)
+    assert [step.event.kind for step in s.history] == [
+        "slots.init",
+        "slots.place",
+        "slots.finish",
+        "slots.restore",
+        "slots.erase",
+    ]
+    assert [caption(step) for step in s.history] == [
+        "start",
+        "req-0 on slot 1 (lru): cache_n 0, prompt_n 3",
+        "req-0 done: 2 sampled, slot 1 keeps 4 tokens",
+        "slot 1 restored with 2 tokens",
+        "slot 1 erased (2 tokens)",
+    ]
 
 
 # ---------------------------------------------------------------- bad input

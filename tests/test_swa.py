@@ -2,17 +2,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvlab.core.snapshots import EMPTY, Checkpoint
 from kvlab.errors import InvalidArgumentError, KvlabError
+from kvlab.lessons.ex12 import example_12, example_12_chat
 from kvlab.server.swa import (
-    EMPTY,
-    Checkpoint,
     SwaConfig,
     SwaRing,
     SwaSlot,
     checkpoint_plan,
     checkpoint_usable,
-    example_12,
-    example_12_chat,
     swa_cache_cells,
 )
 from kvlab.views.text import captions

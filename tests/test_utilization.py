@@ -7,13 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvlab.errors import InvalidArgumentError, cdiv
-from kvlab.models.utilization import (
-    compare_utilization,
-    example_3,
-    fill_paged,
-    fill_reserving,
-    request_lengths,
-)
+from kvlab.lessons.ex03 import example_3
+from kvlab.models.utilization import compare_utilization, fill_paged, fill_reserving, request_lengths
 from kvlab.views.text import caption
 
 
@@ -49,6 +44,8 @@ def test_example_3_paged_history_fills_the_pool():
     assert used[0] == 0 and used == sorted(used)
     assert used[-1] == used[-2] == (7533 + 51) // 16
     assert "r8" in caption(history[-1]) and "waits" in caption(history[-1])
+    assert caption(history[-1]) == "r8 (1022 tokens) needs 64 blocks, 38 free: it waits"
+    assert history[-1].event.kind == "utilization.wait" and history[-1].event["request_id"] == "r8"
     assert [rid for rid, _ in history[-1].state.tables] == [f"r{i}" for i in range(8)]
 
 

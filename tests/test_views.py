@@ -14,7 +14,8 @@ import pytest
 from kvlab.core import hashing
 from kvlab.core.snapshots import BlockPoolState, BlockState, ContiguousState, History, Region
 from kvlab.errors import InvalidArgumentError, KvlabError, UnknownRequestError
-from kvlab.models import contiguous, paged, prefix_cache, radix, utilization
+from kvlab.lessons import ex01, ex02, ex03, ex04, ex07, ex08
+from kvlab.models import paged, radix
 from kvlab.models.prefix_cache import PrefixCache
 from kvlab.views import (
     block_pool_animation,
@@ -33,8 +34,9 @@ from kvlab.views import (
     tokens_per_turn_figure,
     utilization_figure,
 )
-from kvlab.views._common import NARROWEST, legend_height, text_px
-from kvlab.views.figures import LABEL_WIDTH, STATUS_CODE, block_pool_spec, grid_shape, per_turn_figure
+from kvlab.views._common import LABEL_WIDTH, NARROWEST, STATUS_CODE, legend_height, text_px
+from kvlab.views.block_pool import block_pool_spec, grid_shape
+from kvlab.views.charts import per_turn_figure
 from kvlab.views.text import caption
 
 # ---------------------------------------------------------------------- helpers
@@ -123,7 +125,7 @@ def test_block_pool_figure_draws_every_block_with_its_status(name: str) -> None:
         if block.tokens:
             assert f"{block.num_tokens}/{state.block_size} tokens" in hover
     table_rows = [t for t in fig.layout.yaxis2.ticktext if t]
-    assert table_rows == [f"{rid} · {n} tok" for rid, n in state.seq_lens]
+    assert table_rows == [f"{rid} · {n} tok" for rid, n in state.token_counts]
     assert {"never used", "in use", "free, cached", "free"} <= legend_names(fig)
     json.loads(fig.to_json())  # a valid figure end to end
 
@@ -170,7 +172,7 @@ def test_pool_animations_have_one_frame_per_snapshot(name: str) -> None:
 
 
 def test_example_2_highlight_shows_the_slot_of_token_36() -> None:
-    state = paged.example_2().history[-1].state
+    state = ex02.example_2().history[-1].state
     fig = block_pool_figure(state, highlight=("A", 36))
     assert (
         "A token 36 → logical block 2, offset 4 → physical block 9 → slot 9×16+4 = 148"
@@ -189,7 +191,7 @@ def test_example_2_highlight_shows_the_slot_of_token_36() -> None:
 
 
 def test_example_4_marks_the_copy_on_write_target_and_shared_blocks() -> None:
-    history = paged.example_4().history
+    history = ex04.example_4().history
     cow = next(s.state for s in history if s.state.copied_blocks)
     fig = block_pool_figure(cow)
     ((source, target),) = cow.copied_blocks
@@ -203,7 +205,7 @@ def test_example_4_marks_the_copy_on_write_target_and_shared_blocks() -> None:
 
 
 def test_example_7_free_queue_shows_evictions_with_their_hashes() -> None:
-    history = prefix_cache.example_7().history
+    history = ex07.example_7().history
     d_step = next(i for i, s in enumerate(history) if caption(s).startswith("allocate D"))
     fig = free_queue_figure(history[d_step].state, history[d_step - 1].state)
     left = {c: label for (c, r), (_, label, _) in grid_cells(fig).items() if r == 0}
@@ -222,7 +224,7 @@ def test_example_7_free_queue_shows_evictions_with_their_hashes() -> None:
 
 def test_copy_on_write_targets_leave_the_free_queue_marked() -> None:
     """Example 4: each sample's write takes a fresh block for its copy; the queue shows it leaving."""
-    history = paged.example_4().history
+    history = ex04.example_4().history
     cows = [i for i, s in enumerate(history) if s.state.copied_blocks]
     assert [history[i].state.copied_blocks for i in cows] == [((2, 3),), ((2, 4),)]
     copy_label = theme.MARK_STYLES["copied"]["label"]
@@ -273,7 +275,7 @@ def test_block_labels_name_their_owner_in_full_up_to_64_blocks() -> None:
 
 def test_chart_legends_sit_under_the_x_axis_title() -> None:
     """The legend starts below the tick labels and axis title, and the figure has room for it when it wraps."""
-    ex3 = utilization.example_3(record=False)
+    ex3 = ex03.example_3(record=False)
     figs = [
         utilization_figure([ex3.reserving, ex3.paged]),
         hit_rate_figure({"a": 0.5, "b": 0.25}),
@@ -292,10 +294,10 @@ def test_chart_legends_sit_under_the_x_axis_title() -> None:
 
 
 @pytest.mark.parametrize("make", [
-    lambda: contiguous_animation(contiguous.example_1().exact_fit.history),
-    lambda: block_pool_animation(paged.example_4().history),
-    lambda: free_queue_animation(prefix_cache.example_7().history),
-    lambda: radix_animation(radix.example_8().history),
+    lambda: contiguous_animation(ex01.example_1().exact_fit.history),
+    lambda: block_pool_animation(ex04.example_4().history),
+    lambda: free_queue_animation(ex07.example_7().history),
+    lambda: radix_animation(ex08.example_8().history),
 ])  # fmt: skip
 def test_animation_controls_have_their_own_rows_under_the_legend(make) -> None:
     """Buttons on a row of their own, the slider across the whole width under them, both under the legend."""
@@ -318,7 +320,7 @@ def test_animation_controls_have_their_own_rows_under_the_legend(make) -> None:
 
 
 def test_example_8_radix_tree_shows_locks_and_the_evicted_leaf() -> None:
-    ex = radix.example_8()
+    ex = ex08.example_8()
     fig = radix_tree_figure(ex.tree_after_evict)
     texts = list(trace_named(fig, "nodes").text)
     assert "[1, 2, 3, 4, 5, 6]<br>lock 1 · t=" in " ".join(texts)
@@ -346,9 +348,9 @@ def test_example_6_hash_chain_marks_changed_blocks() -> None:
     base = [11, 12, 13, 14, 21, 22, 23, 24, 31, 32, 33, 34, 41, 42]
     late, early = list(base), list(base)
     late[9], early[1] = 99, 99
-    fig = hash_chain_figure(
-        {"base": base, "late": late, "early": early, "salt": base}, block_size=4, salts={"salt": "tenant-b"}
-    )
+    rows = {"base": base, "late": late, "early": early}
+    chains = {name: hashing.hash_chain(tokens, 4) for name, tokens in rows.items()}
+    fig = hash_chain_figure(chains | {"salt": hashing.hash_chain(base, 4, salt="tenant-b")})
     text = fig.data[0].text
     assert [t.split("</b>")[0][3:] for t in text[0][:3]] == ["6cfd527e", "9f569157", "e0297480"]
     assert [t.split("<br>")[1] for t in text[1][:3]] == ["same", "same", "changed"]
@@ -363,7 +365,7 @@ def test_example_6_hash_chain_marks_changed_blocks() -> None:
 
 
 def test_example_1_strip_shows_regions_waste_and_gaps() -> None:
-    ex = contiguous.example_1()
+    ex = ex01.example_1()
     part1 = contiguous_figure(ex.reserve_max.history[-1].state)
     stored = trace_named(part1, "stores KV")
     assert list(stored.x) == [300, 1200, 150, 700]
@@ -389,7 +391,7 @@ def test_contiguous_figure_handles_edge_pools(pool: ContiguousState) -> None:
 
 
 def test_frames_match_snapshots_in_number_and_content() -> None:
-    history = prefix_cache.example_7().history
+    history = ex07.example_7().history
     anim = free_queue_animation(history)
     pool_anim = block_pool_animation(history)
     assert len(anim.frames) == len(pool_anim.frames) == len(history)
@@ -404,14 +406,14 @@ def test_frames_match_snapshots_in_number_and_content() -> None:
             STATUS_CODE[b.status] for b in state.blocks
         ]
         tables = [t for t in frame.layout.yaxis2.ticktext if t]
-        assert tables == [f"{rid} · {n} tok" for rid, n in state.seq_lens]
+        assert tables == [f"{rid} · {n} tok" for rid, n in state.token_counts]
     for frame, step in zip(anim.frames, history, strict=True):
         queue = [label.split("</b>")[0].removeprefix("<b>") for label in frame.data[0].text[1] if label]
         assert queue == [str(b) for b in step.state.free_queue]
 
 
 def test_animation_plays_without_a_kernel(tmp_path) -> None:
-    fig = free_queue_animation(prefix_cache.example_7().history)
+    fig = free_queue_animation(ex07.example_7().history)
     path = tmp_path / "anim.html"
     fig.write_html(path, include_plotlyjs=True, auto_play=False)
     page = path.read_text()
@@ -423,7 +425,7 @@ def test_animation_plays_without_a_kernel(tmp_path) -> None:
 
 
 def test_highlight_in_animation_is_skipped_where_the_request_is_absent() -> None:
-    history = paged.example_2().history
+    history = ex02.example_2().history
     anim = block_pool_animation(history, highlight=("A", 36))
     names = [[t.name for t in f.data] for f in anim.frames]
     assert any("slot 148" in n for n in names) and not any("slot 148" in n for n in names[:2])
@@ -433,7 +435,7 @@ def test_highlight_in_animation_is_skipped_where_the_request_is_absent() -> None
 
 
 def test_hit_rate_and_utilization_figures_take_model_records() -> None:
-    ex3 = utilization.example_3(record=False)
+    ex3 = ex03.example_3(record=False)
     fig = utilization_figure([ex3.reserving, ex3.paged])
     stored = trace_named(fig, "stores KV")
     assert [round(v, 1) for v in stored.x] == [37.6, 92.0]
@@ -475,7 +477,8 @@ def test_per_turn_figures() -> None:
     (lambda: block_pool_animation("history"), InvalidArgumentError),
     (lambda: hash_chain_figure({"a": [1, 2, 3, 4]}), InvalidArgumentError),
     (lambda: hash_chain_figure({}), InvalidArgumentError),
-    (lambda: hash_chain_figure({"a": [1, 2]}, block_size=1, salts={"b": "x"}), InvalidArgumentError),
+    (lambda: hash_chain_figure({"a": hashing.hash_chain([1, 2], 1), "b": hashing.hash_chain([1, 2], 2)}),
+     InvalidArgumentError),
     (lambda: hit_rate_figure({"a": 85.4}), InvalidArgumentError),
     (lambda: hit_rate_figure({"a": "high"}), InvalidArgumentError),
     (lambda: tokens_per_turn_figure({"a": [1, "two"]}), InvalidArgumentError),
@@ -517,7 +520,7 @@ def test_kvlab_template_keeps_plotly_white_for_what_the_views_draw() -> None:
         assert ours["layout"][key] == white["layout"][key], key
     assert ours["layout"]["font"]["family"] == theme.FONT_FAMILY
     spec_types = {
-        t["type"] for s in (block_pool_spec(paged.example_2().history[-1].state),) for t in s["data"]
+        t["type"] for s in (block_pool_spec(ex02.example_2().history[-1].state),) for t in s["data"]
     }
     assert spec_types <= set(theme.TEMPLATE_TRACES)
 
@@ -552,6 +555,6 @@ def test_status_colours_are_distinct_and_all_in_the_legend() -> None:
 
 def test_spec_is_stable_in_shape_across_snapshots() -> None:
     """Every snapshot gives the same traces in the same order: what frames and the stepper rely on."""
-    history = prefix_cache.example_7().history
+    history = ex07.example_7().history
     shapes = {tuple((t["type"], t.get("name")) for t in block_pool_spec(s.state)["data"]) for s in history}
     assert len({tuple(k for k, _ in shape) for shape in shapes}) == 1

@@ -1,4 +1,4 @@
-"""kvlab.views.agent_view: the agent turns lined up step by step, the per-turn bars, bad input."""
+"""kvlab.views.agents: the agent turns lined up step by step, the per-turn bars, bad input."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ import json
 import plotly.graph_objects as go
 import pytest
 
+from kvlab.core.snapshots import AgentTurnsState
 from kvlab.errors import InvalidArgumentError
-from kvlab.server.agents import KeepLast, example_13, run_agent
-from kvlab.views.agent_view import (
-    AgentTurnsState,
+from kvlab.lessons.ex13 import example_13
+from kvlab.server.agents import KeepLast, run_agent
+from kvlab.views.agents import (
     agent_turn_figure,
     agent_turn_spec,
     agent_turns_animation,

@@ -1,4 +1,4 @@
-"""kvlab.views.swa_view: what it draws for the lesson's SWA runs, its steps, bad input."""
+"""kvlab.views.swa: what it draws for the lesson's SWA runs, its steps, bad input."""
 
 from __future__ import annotations
 
@@ -6,11 +6,12 @@ import json
 
 import pytest
 
+from kvlab.core.snapshots import EMPTY
 from kvlab.errors import InvalidArgumentError
-from kvlab.server.agents import example_13
-from kvlab.server.swa import EMPTY, example_12, example_12_chat
-from kvlab.views.agent_view import agent_turns_history
-from kvlab.views.swa_view import swa_animation, swa_figure, swa_hints, swa_spec, swa_stepper
+from kvlab.lessons.ex12 import example_12, example_12_chat
+from kvlab.lessons.ex13 import example_13
+from kvlab.views.agents import agent_turns_history
+from kvlab.views.swa import swa_animation, swa_figure, swa_hints, swa_spec, swa_stepper
 from kvlab.views.text import captions
 
 

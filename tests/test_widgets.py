@@ -9,9 +9,10 @@ import pytest
 
 from kvlab.cli.replay import replay
 from kvlab.errors import InvalidArgumentError, ScenarioError
-from kvlab.models import contiguous, paged, prefix_cache, radix
+from kvlab.lessons import ex01, ex02, ex04, ex07, ex08
 from kvlab.views import Playground, Stepper, stepper
-from kvlab.views.figures import STATUS_CODE, grid_shape
+from kvlab.views._common import STATUS_CODE
+from kvlab.views.block_pool import grid_shape
 from kvlab.views.text import caption
 
 
@@ -45,7 +46,7 @@ def assert_shows(st: Stepper, index: int) -> None:
 
 @pytest.fixture(scope="module")
 def example_7():
-    return prefix_cache.example_7().history
+    return ex07.example_7().history
 
 
 def test_setting_the_slider_updates_the_figures_to_that_snapshot(example_7) -> None:
@@ -88,10 +89,10 @@ def test_buttons_step_and_stop_at_the_ends(example_7) -> None:
 
 def test_stepper_kinds_cover_every_model() -> None:
     cases = {
-        "contiguous": contiguous.example_1().exact_fit.history,
-        "block_pool": paged.example_4().history,
-        "prefix_cache": prefix_cache.example_7().history,
-        "radix": radix.example_8().history,
+        "contiguous": ex01.example_1().exact_fit.history,
+        "block_pool": ex04.example_4().history,
+        "prefix_cache": ex07.example_7().history,
+        "radix": ex08.example_8().history,
     }
     for kind, history in cases.items():
         st = stepper(history, kind)
@@ -101,7 +102,7 @@ def test_stepper_kinds_cover_every_model() -> None:
 
 
 def test_stepper_with_a_custom_view_and_highlight() -> None:
-    history = paged.example_2().history
+    history = ex02.example_2().history
     st = Stepper(history, ["block_pool", lambda state, previous: {"data": [{"type": "bar", "y": [state.num_blocks]}],
                                                                   "layout": {"title": {"text": "custom"}}}],
                  highlight=("A", 36))  # fmt: skip
@@ -120,7 +121,7 @@ def test_stepper_rejects_bad_histories() -> None:
     with pytest.raises(InvalidArgumentError):
         Stepper([])
     with pytest.raises(InvalidArgumentError):
-        stepper(prefix_cache.example_7().history, "pie")
+        stepper(ex07.example_7().history, "pie")
 
 
 # ---------------------------------------------------------------------- playground
@@ -146,9 +147,9 @@ def test_prefix_cache_playground_round_trips_through_the_replay_cli() -> None:
         assert record["free_queue"] == list(state.free_queue)
         if record["op"] != "free":
             assert record["block_table"] == list(state.table(record["req"]))
-            assert record["hit_block_ids"] == list(state.hit_blocks)
-            assert record["new_block_ids"] == list(state.new_blocks)
-            assert record["evicted"] == list(state.evicted_blocks)
+            assert record["hit_block_ids"] == list(state.hit_block_ids)
+            assert record["new_block_ids"] == list(state.new_block_ids)
+            assert record["evicted"] == list(state.evicted_block_ids)
     assert records[4]["num_cached_tokens"] == 8  # C reused the two shared blocks A left cached
     again = Playground.from_scenario(pg.to_json())
     assert again.state == pg.state
@@ -156,7 +157,7 @@ def test_prefix_cache_playground_round_trips_through_the_replay_cli() -> None:
 
 
 def test_the_lesson_scenario_replays_in_the_playground() -> None:
-    pg = Playground.from_scenario(prefix_cache.example_7_scenario())
+    pg = Playground.from_scenario(ex07.example_7_scenario())
     assert list(pg.state.free_queue) == [5, 1, 0]
     queue = [t.split("</b>")[0][3:] for t in pg.queue_figure.widget.data[0].text[1] if t]
     assert queue == ["5", "1", "0"]
@@ -170,7 +171,7 @@ def test_playground_buttons_use_the_fields_and_update_the_figures() -> None:
     assert pg.request_pick.options == ("A",) and pg.request_pick.value == "A"
     assert pg.new_id_box.value == "B"  # the next free id
     pg.buttons["allocate"].click()
-    assert pg.state.hit_blocks == pg.state.table("A")[:2]  # B shares A's two full prefix blocks
+    assert pg.state.hit_block_ids == pg.state.table("A")[:2]  # B shares A's two full prefix blocks
     assert "B · 9 tok" in pg.pool_figure.widget.layout.yaxis2.ticktext
     pg.request_pick.value = "A"
     pg.buttons["free"].click()

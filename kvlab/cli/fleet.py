@@ -20,16 +20,8 @@ import sys
 from collections.abc import Callable, Sequence
 
 from kvlab.errors import KvlabError
-from kvlab.fleet import (
-    HASH_SCHEMES,
-    HEADERS,
-    ROUTINGS,
-    SALTS,
-    FleetConfig,
-    FleetResult,
-    lesson_table,
-    simulate,
-)
+from kvlab.fleet import HASH_SCHEMES, HEADERS, ROUTINGS, SALTS, FleetConfig, FleetResult, simulate
+from kvlab.lessons.fleet import lesson_table
 
 SCENARIO_OPTIONS = (
     "users",

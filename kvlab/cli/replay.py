@@ -1,75 +1,31 @@
 """``python -m kvlab replay MODEL < scenario.json``: replay a scenario, print JSON records.
 
-A scenario is ``{"config": {...}, "ops": [...]}``. Each model has its own
-replayer module with a ``replay(config, ops) -> list[dict]`` function that
-raises ``ScenarioError`` (with the op's index) for a bad scenario, having
-applied nothing of the bad op. This module only parses, dispatches and turns
-errors into one line on stderr with exit status 2.
+A scenario is ``{"config": {...}, "ops": [...]}``. Loading, checking and
+applying it is ``kvlab.scenarios``' job (one module per model, each with a
+``replay(config, ops) -> list[dict]`` that raises ``ScenarioError`` with the
+op's index for a bad scenario, having applied nothing of the bad op). This
+module only reads the file, dispatches and turns errors into one line on
+stderr with exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
 from typing import Any
 
+from kvlab import scenarios
 from kvlab.errors import KvlabError, ScenarioError
 
-REPLAYERS = {
-    "prefix-cache": "kvlab.scenarios.prefix_cache",
-    "radix": "kvlab.scenarios.radix",
-}
-
-
-def load_scenario(text: str) -> tuple[str | None, dict[str, Any], list[Any]]:
-    """Parse scenario JSON into (model it names or None, config, ops); raise ScenarioError when its shape is wrong."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ScenarioError(
-            f"the scenario is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})"
-        ) from None
-    if not isinstance(data, dict):
-        raise ScenarioError('the scenario must be a JSON object: {"config": {...}, "ops": [...]}')
-    unknown = set(data) - {"config", "ops", "model"}
-    if unknown:
-        raise ScenarioError(
-            f"unknown top-level key(s) {sorted(unknown)}: a scenario has only 'config', 'ops' and an optional 'model'"
-        )
-    model = data.get("model")
-    if model is not None and not isinstance(model, str):
-        raise ScenarioError(f"'model' must be a string naming the model, got {model!r}")
-    config = data.get("config", {})
-    ops = data.get("ops")
-    if not isinstance(config, dict):
-        raise ScenarioError("'config' must be a JSON object")
-    if not isinstance(ops, list):
-        raise ScenarioError("'ops' must be a JSON list of operations")
-    return model, config, ops
-
-
-def check_model(named: object, model: str) -> None:
-    """A scenario may name the model it was written for (playground exports do); it must be this one."""
-    if named is None or named == model:
-        return
-    if named == "block-pool":
-        raise ScenarioError(
-            "this scenario was exported from the block-pool playground (it may fork, which the replay CLI "
-            "has no op for): load it with kvlab.views.Playground.from_scenario instead"
-        )
-    raise ScenarioError(
-        f"the scenario names model {named!r} but is replayed as {model!r}: replay it as {named!r}"
-    )
+REPLAYERS = {model: scenarios.MODULES[model] for model in scenarios.CLI_MODELS}
 
 
 def replay(model: str, config: dict[str, Any], ops: list[Any]) -> list[dict[str, Any]]:
     """Replay ``ops`` through ``model``; the records the CLI prints."""
     if model not in REPLAYERS:
         raise ScenarioError(f"unknown model {model!r}: use one of {', '.join(REPLAYERS)}")
-    module = importlib.import_module(REPLAYERS[model])
-    return module.replay(config, ops)
+    return scenarios.module(model).replay(config, ops)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,8 +44,8 @@ def main(argv: list[str] | None = None) -> int:
             text = sys.stdin.read()
         if args.model not in REPLAYERS:
             raise ScenarioError(f"unknown model {args.model!r}: use one of {', '.join(REPLAYERS)}")
-        named, config, ops = load_scenario(text)
-        check_model(named, args.model)
+        named, config, ops = scenarios.load_scenario(text)
+        scenarios.check_model(named, args.model)
         records = replay(args.model, config, ops)
     except KvlabError as exc:
         print(f"kvlab replay: {exc}", file=sys.stderr)

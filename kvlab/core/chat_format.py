@@ -25,11 +25,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from kvlab.core.workloads import JavaRandom, java_list_hash
-from kvlab.errors import InvalidArgumentError, KvlabError, check_int, check_tokens
+from kvlab.errors import MAX_TOKEN_ID, InvalidArgumentError, KvlabError, check_choice, check_int, check_tokens
 
 SPECIAL_TOKENS: dict[str, int] = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2}
 FIRST_ORDINARY_ID = 16
-_ID_SPACE = 2**31 - FIRST_ORDINARY_ID  # ids stay 4-byte signed ints, as the lesson's hashes need
+_ID_SPACE = MAX_TOKEN_ID + 1 - FIRST_ORDINARY_ID  # ids stay 4-byte signed ints, as the lesson's hashes need
 
 # order matters: specials, then single digits (" 1" splits into " " and "1"), words with an
 # optional leading space, one punctuation mark with an optional leading space, a newline,
@@ -163,8 +163,7 @@ def as_messages(messages: Iterable[Message | Mapping[str, str]]) -> list[Message
             m = Message(m["role"], m["content"])
         if not isinstance(m, Message):
             raise InvalidArgumentError(f"messages[{i}] must be a Message or a dict, got {type(m).__name__}")
-        if m.role not in ROLES:
-            raise InvalidArgumentError(f"messages[{i}] has role {m.role!r}: use one of {', '.join(ROLES)}")
+        check_choice(f"messages[{i}] role", m.role, ROLES, what="role")
         if not isinstance(m.content, str):
             raise InvalidArgumentError(f"messages[{i}] content must be a string")
         out.append(m)

@@ -18,6 +18,10 @@ Two schemes give byte-exact digests:
     highest pickle protocol; ``extra_keys`` is ``None``, or
     ``(("cache_salt", salt),)`` on block 0 only (later blocks inherit the salt
     through the chain).
+
+``hash_block`` is one link, vLLM's ``hash_block_tokens`` (``vllm/v1/core/kv_cache_utils.py``);
+``block_hashes`` runs the chain over a whole request, as the hasher from vLLM's
+``get_request_block_hasher`` does. The lesson's four example chains are ``kvlab.lessons.ex06``.
 """
 
 from __future__ import annotations
@@ -26,8 +30,9 @@ import hashlib
 import pickle
 import struct
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from kvlab.errors import InvalidArgumentError, check_int, check_tokens
+from kvlab.errors import InvalidArgumentError, check_choice, check_int, check_tokens
 
 SCHEMES = ("lesson", "vllm")
 
@@ -37,7 +42,7 @@ VLLM_NONE_HASH = hashlib.sha256(pickle.dumps("vllm-none-hash", protocol=pickle.H
 
 def none_hash(scheme: str = "lesson") -> bytes:
     """The fixed parent of block 0 under ``scheme``."""
-    _check_scheme(scheme)
+    check_choice("scheme", scheme, SCHEMES, what="hash scheme")
     return LESSON_NONE_HASH if scheme == "lesson" else VLLM_NONE_HASH
 
 
@@ -70,7 +75,7 @@ def block_hashes(
     """One digest per full block of ``tokens``; a trailing partial block gets none."""
     toks = check_tokens("tokens", tokens, allow_empty=True)
     check_int("block_size", block_size, minimum=1)
-    _check_scheme(scheme)
+    scheme = check_choice("scheme", scheme, SCHEMES, what="hash scheme")
     if salt is not None and not isinstance(salt, str):
         raise InvalidArgumentError(f"salt must be a string or None, got {type(salt).__name__}")
     if scheme == "lesson":
@@ -94,24 +99,30 @@ def short(digest: bytes, nbytes: int = 4) -> str:
     return digest[:nbytes].hex()
 
 
-def _check_scheme(scheme: str) -> None:
-    if scheme not in SCHEMES:
-        raise InvalidArgumentError(f"unknown hash scheme {scheme!r}: use one of {', '.join(SCHEMES)}")
+@dataclass(frozen=True)
+class HashChain:
+    """One request's chained block hashes, with the tokens each one covers.
+
+    ``digests[i]`` is block ``i``'s hash (it covers blocks 0..i); ``blocks[i]``
+    are that block's token ids; ``tail`` holds the tokens of a trailing partial
+    block, which has no hash (its content still changes as tokens are appended).
+    ``kvlab.views.hash_chain_figure`` draws a few of these side by side.
+    """
+
+    digests: tuple[bytes, ...]
+    blocks: tuple[tuple[int, ...], ...]
+    tail: tuple[int, ...]
+    block_size: int
+    scheme: str = "lesson"
+    salt: str | None = None
 
 
-LESSON_EXAMPLE_6_BASE = (11, 12, 13, 14, 21, 22, 23, 24, 31, 32, 33, 34, 41, 42)
-
-
-def example_6(scheme: str = "lesson") -> dict[str, list[bytes]]:
-    """The lesson's example 6: chains for a base sequence, a late edit (token 9),
-    an early edit (token 1) and the base with salt ``"tenant-b"``, 4-token blocks."""
-    base = list(LESSON_EXAMPLE_6_BASE)
-    late, early = list(base), list(base)
-    late[9] = 99
-    early[1] = 99
-    return {
-        "base": block_hashes(base, 4, scheme=scheme),
-        "late edit": block_hashes(late, 4, scheme=scheme),
-        "early edit": block_hashes(early, 4, scheme=scheme),
-        "cache salt": block_hashes(base, 4, salt="tenant-b", scheme=scheme),
-    }
+def hash_chain(
+    tokens: Sequence[int], block_size: int, *, salt: str | None = None, scheme: str = "lesson"
+) -> HashChain:
+    """``block_hashes(tokens, block_size, ...)`` together with the blocks they cover and the unhashed tail."""
+    digests = block_hashes(tokens, block_size, salt=salt, scheme=scheme)
+    toks = [int(t) for t in tokens]
+    hashed = len(digests) * block_size
+    blocks = tuple(tuple(toks[i : i + block_size]) for i in range(0, hashed, block_size))
+    return HashChain(tuple(digests), blocks, tuple(toks[hashed:]), block_size, scheme, salt)

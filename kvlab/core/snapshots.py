@@ -185,18 +185,23 @@ class BlockPoolState:
 
     ``free_queue`` lists free block ids from the front (handed out next, so
     evicted first) to the back. The last four fields say what the operation
-    that produced this state did, so a view can highlight it.
+    that produced this state did, so a view can highlight it; they use the
+    words of the models' results (``hit_block_ids``, ``new_block_ids``, and
+    ``evicted_block_ids`` for ``AllocationResult.evicted``). Both block-pool
+    models (``kvlab.models.paged.BlockPool``, ``kvlab.models.prefix_cache.PrefixCache``)
+    produce it. vLLM's names: a request's ``num_tokens`` is what its
+    ``Request.num_tokens`` counts once the tokens are in the cache.
     """
 
     block_size: int
     blocks: tuple[BlockState, ...]
     tables: tuple[tuple[str, tuple[int, ...]], ...] = ()  # (request id, block table), in arrival order
-    seq_lens: tuple[tuple[str, int], ...] = ()  # (request id, tokens held)
+    token_counts: tuple[tuple[str, int], ...] = ()  # (request id, tokens held), in arrival order
     free_queue: tuple[int, ...] = ()
     null_block: int | None = None
-    hit_blocks: tuple[int, ...] = ()
-    new_blocks: tuple[int, ...] = ()
-    evicted_blocks: tuple[int, ...] = ()
+    hit_block_ids: tuple[int, ...] = ()
+    new_block_ids: tuple[int, ...] = ()
+    evicted_block_ids: tuple[int, ...] = ()
     copied_blocks: tuple[tuple[int, int], ...] = ()  # (source, copy)
 
     @property
@@ -209,8 +214,9 @@ class BlockPoolState:
                 return table
         raise KeyError(request_id)
 
-    def seq_len(self, request_id: str) -> int:
-        for rid, n in self.seq_lens:
+    def num_tokens(self, request_id: str) -> int:
+        """Tokens request ``request_id`` holds (the models' ``num_tokens(request_id)`` at this step)."""
+        for rid, n in self.token_counts:
             if rid == request_id:
                 return n
         raise KeyError(request_id)
@@ -222,6 +228,18 @@ class BlockPoolState:
     @property
     def num_cached(self) -> int:
         return sum(1 for b in self.blocks if b.block_hash is not None)
+
+    def translate(self, request_id: str, position: int) -> tuple[int, int, int, int]:
+        """(logical block, offset, physical block, slot) of token ``position`` of ``request_id``.
+
+        vLLM's slot mapping, as ``kvlab.models.paged.BlockPool.translate``: the token sits in logical
+        block ``position // block_size`` at ``offset = position % block_size``; the request's block
+        table names the physical block, and the slot in the whole pool is
+        ``physical * block_size + offset``. The caller checks that the request holds that position.
+        """
+        logical, offset = divmod(position, self.block_size)
+        physical = self.table(request_id)[logical]
+        return logical, offset, physical, physical * self.block_size + offset
 
 
 # ---------------------------------------------------------------- radix tree (example 8)
@@ -265,3 +283,136 @@ class RadixState:
     @property
     def total_tokens(self) -> int:
         return sum(len(n.key) for _, n in self.root.walk())
+
+
+# ---------------------------------------------------------------- llama-server slots (examples 10, 11)
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """What one llama-server request did: the response's ``timings`` counters plus how the slot was chosen.
+
+    ``selected_by`` is ``"lcp"`` (prompt similarity), ``"lru"`` or ``"id"`` (the
+    request named a slot). ``similarity`` is the chosen slot's LCP / prompt length
+    when chosen by similarity. ``ram_saved`` / ``ram_loaded`` say whether the slot's
+    old tokens went to the RAM cache and whether a cached prompt came back from it.
+    Invariant: ``cache_n + prompt_n == prompt_tokens`` and ``cache_n < prompt_tokens``.
+    """
+
+    request_id: str
+    slot_id: int
+    selected_by: str
+    similarity: float | None
+    prompt_tokens: int
+    cache_n: int
+    prompt_n: int
+    max_tokens: int
+    ram_saved: bool = False
+    ram_loaded: bool = False
+    n_generated: int = 0
+    finished: bool = False
+
+    @property
+    def tokens_evaluated(self) -> int:
+        return self.prompt_tokens
+
+
+@dataclass(frozen=True)
+class SlotState:
+    """One slot: the token ids its KV cache holds (llama-server's ``slot.prompt.tokens``)."""
+
+    slot_id: int
+    tokens: tuple[int, ...]
+    request_id: str | None  # the request it is processing, None when idle
+    t_last_used: int  # logical time of its last release, -1 if never used
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass(frozen=True)
+class RamEntry:
+    """One saved prompt in the RAM prompt cache (``--cache-ram``): its tokens and its state size."""
+
+    tokens: tuple[int, ...]
+    size_bytes: int
+
+
+@dataclass(frozen=True)
+class SlotServerState:
+    """Every slot, the RAM prompt cache (oldest entry first, evicted first) and the latest request."""
+
+    slots: tuple[SlotState, ...]
+    ram_cache: tuple[RamEntry, ...]
+    ram_limit_bytes: int
+    last: RequestRecord | None = None
+
+    @property
+    def ram_bytes(self) -> int:
+        return sum(e.size_bytes for e in self.ram_cache)
+
+
+# ---------------------------------------------------------------- sliding-window slot (example 12)
+
+EMPTY = -1
+"""An SWA cell that holds no position."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A copy of the slot's SWA cells taken when ``n_tokens`` prompt tokens had been processed.
+
+    ``pos_min``/``pos_max`` are the oldest and newest positions in the copy (llama.cpp's
+    ``server_prompt_checkpoint``); ``cells`` is the copy itself and does not take part in equality.
+    """
+
+    pos_min: int
+    pos_max: int
+    n_tokens: int
+    cells: tuple[int, ...] = field(default=(), repr=False, compare=False)
+
+    @property
+    def span(self) -> tuple[int, int]:
+        return (self.pos_min, self.pos_max)
+
+
+@dataclass(frozen=True)
+class SwaState:
+    """The slot after one step: ring cells (positions, -1 empty), head, tokens held, checkpoints."""
+
+    cells: tuple[int, ...]
+    head: int
+    n_tokens: int
+    checkpoints: tuple[Checkpoint, ...]
+    batch: tuple[int, int] | None = None  # the batch this step decoded
+    created: Checkpoint | None = None  # checkpoint taken in this step
+    restored: Checkpoint | None = None
+
+    @property
+    def pos_min(self) -> int:
+        held = [p for p in self.cells if p != EMPTY]
+        return min(held) if held else EMPTY
+
+    @property
+    def pos_max(self) -> int:
+        return max(self.cells, default=EMPTY)
+
+
+# ---------------------------------------------------------------- agent turns (example 13)
+
+
+@dataclass(frozen=True)
+class AgentTurnsState:
+    """Every history policy after the same turn: that turn's record and the tokens processed so far.
+
+    ``current[i]`` is policy ``names[i]``'s ``kvlab.server.agents.AgentTurn`` for
+    turn ``turn`` (None before turn 1, at step 0); ``totals[i]`` is the sum of its
+    ``processed_tokens`` over turns 1..``turn``. ``kvlab.views.agents.agent_turns_history``
+    lines the runs up into one such state per turn.
+    """
+
+    turn: int
+    names: tuple[str, ...]
+    current: tuple[Any, ...]  # AgentTurn | None each; typed loosely so core does not import server
+    totals: tuple[int, ...]

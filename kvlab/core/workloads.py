@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvlab.errors import InvalidArgumentError, check_int
+from kvlab.errors import InvalidArgumentError, brief, check_int
 
 _MULTIPLIER = 0x5DEECE66D
 _ADDEND = 0xB
@@ -26,9 +26,11 @@ class JavaRandom:
     """``java.util.Random``, bit for bit: same seed, same numbers as Java."""
 
     def __init__(self, seed: int) -> None:
-        check_int("seed", seed)
+        seed = check_int("seed", seed)
         if not -(2**63) <= seed < 2**63:
-            raise InvalidArgumentError(f"seed must fit a Java long (-2**63 <= seed < 2**63), got {seed}")
+            raise InvalidArgumentError(
+                f"seed must fit a Java long (-2**63 <= seed < 2**63), got {brief(seed)}"
+            )
         self._seed = (seed ^ _MULTIPLIER) & _MASK
 
     def next_bits(self, bits: int) -> int:
@@ -42,9 +44,7 @@ class JavaRandom:
         """``nextInt()`` (any int) or ``nextInt(bound)``: uniform in [0, bound)."""
         if bound is None:
             return self.next_bits(32)
-        check_int("bound", bound)
-        if bound <= 0:
-            raise InvalidArgumentError(f"bound must be positive, got {bound}")
+        bound = check_int("bound", bound, minimum=1)
         if bound & -bound == bound:  # a power of two: take the high bits
             return (bound * self.next_bits(31)) >> 31
         while True:

@@ -7,7 +7,7 @@ llama-server. Per turn it reports what the server's response would:
 ``prompt_tokens``, ``cache_n`` (prompt tokens reused), ``prompt_n`` (prompt
 tokens computed) and the measured time to first token.
 
-The conversation is the lesson's (``kvlab.server.slots.EXAMPLE_SYSTEM`` and
+The conversation is the lesson's (``kvlab.lessons.ex10.EXAMPLE_SYSTEM`` and
 ``EXAMPLE_MESSAGES``, cycled with a pass number after the fourth turn);
 ``system_tokens`` replaces the system prompt by one of exactly that many tokens;
 ``clock`` puts the lesson's "Time: 10:0M:00. " at its start, one minute later each turn.
@@ -21,7 +21,7 @@ from kvlab.core.chat_format import REPLY_WORDS, Message, render
 from kvlab.core.workloads import JavaRandom
 from kvlab.engine.engine import Engine
 from kvlab.errors import InvalidArgumentError, check_int
-from kvlab.server.slots import EXAMPLE_MESSAGES, EXAMPLE_SYSTEM, clock_at_ten
+from kvlab.lessons.ex10 import EXAMPLE_MESSAGES, EXAMPLE_SYSTEM, clock_at_ten
 
 
 @dataclass(frozen=True)

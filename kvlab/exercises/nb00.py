@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvlab.exercises.core import NotYet, exercise
-from kvlab.models.contiguous import reserve_max
+from kvlab.lessons.ex01 import reserve_max
 
 
 @exercise(

@@ -9,7 +9,8 @@ from collections import Counter
 from typing import Any
 
 from kvlab.exercises.core import NotYet, call, exercise
-from kvlab.models.contiguous import ContiguousPool, exact_fit, reserve_max
+from kvlab.lessons.ex01 import exact_fit, reserve_max
+from kvlab.models.contiguous import ContiguousPool
 
 LENGTHS = [300, 1200, 150, 700, 500]  # part one: real lengths of r0..r4
 SIZES = [1500, 600, 1800, 400, 2000, 1000]  # part two: exact sizes of q0..q5

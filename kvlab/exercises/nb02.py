@@ -1,6 +1,6 @@
 """Exercises of notebook 02, block tables (lesson example 2).
 
-The expected answers come from ``kvlab.models.paged.BlockPool``; nothing here states them.
+The expected answers come from ``kvlab.models.paged.BlockPool`` and ``kvlab.lessons.ex02``; nothing here states them.
 """
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from kvlab.exercises.core import NotYet, call, exercise
-from kvlab.models.paged import BlockPool, example_2
+from kvlab.lessons.ex02 import example_2
+from kvlab.models.paged import BlockPool
 
 BLOCK = 16
 LENGTHS = [1, 16, 17, 64, 100, 2048]  # exercise 02.2
@@ -19,8 +20,8 @@ WHOSE_SLOT = 37  # exercise 02.4
 def _lesson_pool() -> BlockPool:
     """The pool of lesson example 2 (as ``example_2`` builds it), kept so the checkers can ask it questions."""
     ex = example_2()
-    busy = [b for b in range(12) if b not in ex.free_blocks and all(b not in t for t in ex.tables.values())]
-    order = busy + [b for seq in ex.tables for b in ex.tables[seq]] + list(ex.free_blocks)
+    busy = [b for b in range(12) if b not in ex.free_queue and all(b not in t for t in ex.tables.values())]
+    order = busy + [b for seq in ex.tables for b in ex.tables[seq]] + list(ex.free_queue)
     pool = BlockPool(12, BLOCK, free_order=order)
     pool.allocate("others", len(busy) * BLOCK)
     for seq, n in ex.lengths.items():

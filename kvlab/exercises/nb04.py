@@ -1,7 +1,7 @@
 """Exercises of notebook 04, copy-on-write (lesson example 4).
 
-The expected answers come from ``kvlab.models.paged`` (``parallel_sampling`` and ``BlockPool``); nothing here
-states them.
+The expected answers come from ``kvlab.lessons.ex04.parallel_sampling`` and
+``kvlab.models.paged.BlockPool``; nothing here states them.
 """
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from kvlab.exercises.core import NotYet, call, exercise
-from kvlab.models.paged import BlockPool, example_4, parallel_sampling
+from kvlab.lessons.ex04 import example_4, parallel_sampling
+from kvlab.models.paged import BlockPool
 
 PROMPT_LEN, SAMPLES = 50, 4  # exercise 04.1
 

@@ -1,6 +1,6 @@
 """Exercises of notebook 05, a shared system prompt (lesson example 5).
 
-The expected answers come from ``kvlab.models.paged.shared_prefix``; nothing here states them.
+The expected answers come from ``kvlab.lessons.ex05.shared_prefix``; nothing here states them.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvlab.exercises.core import NotYet, call, exercise
-from kvlab.models.paged import shared_prefix, system_prompt_request
+from kvlab.lessons.ex05 import shared_prefix, system_prompt_request
 
 SYSTEM = 70
 REQUEST_1 = (SYSTEM, 20, 5000)  # (system prompt tokens, question tokens, first question token id)
@@ -39,7 +39,7 @@ def repeated_request_table(answer: list[Any]) -> str:
         raise NotYet("Give the block table as a list of block ids, e.g. [0, 1, 2].")
     if answer == expected:
         return (
-            f"It reuses {third.num_cached_tokens} of its {third.num_tokens} tokens, blocks {list(third.hit_blocks)}; "
+            f"It reuses {third.num_cached_tokens} of its {third.num_tokens} tokens, blocks {list(third.hit_block_ids)}; "
             "only the partly filled last block is new."
         )
     if answer == list(ex.requests[0].block_table):

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvlab.core.hashing import LESSON_EXAMPLE_6_BASE, block_hashes
+from kvlab.core.hashing import block_hashes
 from kvlab.exercises.core import NotYet, call, exercise
+from kvlab.lessons.ex06 import LESSON_EXAMPLE_6_BASE
 from kvlab.models.prefix_cache import PrefixCache
 
 EDITED_POSITION = 6  # exercise 06.1: this token of the base sequence becomes 99

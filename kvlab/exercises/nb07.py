@@ -1,6 +1,7 @@
 """Exercises of notebook 07, LRU eviction (lesson example 7).
 
-The expected answers come from ``kvlab.models.prefix_cache.PrefixCache``; nothing here states them.
+The expected answers come from ``kvlab.models.prefix_cache.PrefixCache``, driven through the lesson's
+steps by ``kvlab.lessons.ex07.run_example_7``; nothing here states them.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from typing import Any
 
 from kvlab.errors import OutOfBlocksError
 from kvlab.exercises.core import NotYet, call, exercise
-from kvlab.models.prefix_cache import EXAMPLE_7_REQUESTS, EXAMPLE_7_STEPS, HashLabels, PrefixCache
+from kvlab.lessons.ex07 import NUM_BLOCKS, HashLabels, run_example_7
+from kvlab.models.prefix_cache import PrefixCache
 
 NEXT_REQUEST = ("a1", "f2", "f3")  # 07.2: request F after the lesson, once D has finished
 # 07.3: a pool of 8 blocks of 4 tokens; P (10 tokens) and Q (6 tokens) run, then P and Q finish
@@ -22,13 +24,9 @@ Q_TOKENS = list(range(200, 206))
 def _lesson_cache() -> tuple[PrefixCache, HashLabels]:
     """The lesson's pool after its last step (C finished, D still running), with the lesson's hash names."""
     labels = HashLabels(16)
-    cache = PrefixCache(6, 16)
-    cache.hash_labels = labels.names
-    for op, rid in EXAMPLE_7_STEPS:
-        if op == "free":
-            cache.free(rid)
-        else:
-            cache.allocate(rid, labels.tokens(EXAMPLE_7_REQUESTS[rid]))
+    cache = PrefixCache(NUM_BLOCKS, 16)
+    for _ in run_example_7(cache, labels):
+        pass
     return cache, labels
 
 
@@ -196,21 +194,27 @@ def _release_cases() -> list[tuple[list[int], list[int], dict[int, int], set[int
     """(queue, table, ref counts, hashed blocks, queue after) for every free of a few recorded runs."""
     cases = []
 
-    def record_free(cache: PrefixCache, rid: str) -> None:
+    def before_free(cache: PrefixCache, rid: str) -> tuple[list[int], list[int], dict[int, int], set[int]]:
         table = list(cache.block_table(rid))
-        before = cache.free_queue()
         counts = {b: cache.ref_count(b) for b in table}
         hashed = {b for b in table if cache.block_hash(b) is not None}
-        cache.free(rid)
-        cases.append((before, table, counts, hashed, cache.free_queue()))
+        return cache.free_queue(), table, counts, hashed
 
-    labels = HashLabels(16)
-    lesson = PrefixCache(6, 16)
-    for op, rid in EXAMPLE_7_STEPS:
+    def record_free(cache: PrefixCache, rid: str) -> None:
+        found = before_free(cache, rid)
+        cache.free(rid)
+        cases.append((*found, cache.free_queue()))
+
+    lesson = PrefixCache(NUM_BLOCKS, 16)
+    found: list[tuple[list[int], list[int], dict[int, int], set[int]]] = []
+
+    def look(op: str, rid: str) -> None:
         if op == "free":
-            record_free(lesson, rid)
-        else:
-            lesson.allocate(rid, labels.tokens(EXAMPLE_7_REQUESTS[rid]))
+            found.append(before_free(lesson, rid))
+
+    for op, _, _ in run_example_7(lesson, HashLabels(16), before=look):
+        if op == "free":
+            cases.append((*found.pop(), lesson.free_queue()))
     small = PrefixCache(*SMALL_POOL)
     small.allocate("P", P_TOKENS)
     small.allocate("Q", Q_TOKENS)

@@ -8,8 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 from kvlab.exercises.core import NotYet, call, exercise
-from kvlab.models.paged import system_prompt_request
-from kvlab.models.radix import EXAMPLE_8_PROMPTS, EXAMPLE_8_REQUEST, RadixTree
+from kvlab.lessons.ex05 import system_prompt_request
+from kvlab.lessons.ex08 import EXAMPLE_8_PROMPTS, EXAMPLE_8_REQUEST
+from kvlab.models.radix import RadixTree
 
 # 08.1: four new requests, each matched against the tree the lesson's three inserts build
 NEW_REQUESTS = (

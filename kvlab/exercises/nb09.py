@@ -10,8 +10,8 @@ from functools import lru_cache
 from typing import Any
 
 from kvlab.exercises.core import NotYet, exercise
+from kvlab.lessons.ex09 import LESSON_LAYOUTS
 from kvlab.server.layout import (
-    LESSON_LAYOUTS,
     AgentSession,
     LayoutRun,
     Segment,

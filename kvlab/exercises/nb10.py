@@ -1,6 +1,7 @@
 """Exercises of notebook 10, llama-server cache_n (lesson example 10).
 
-The expected answers come from ``kvlab.server.slots.SlotServer`` and ``replay_chat``; nothing here states them.
+The expected answers come from ``kvlab.server.slots.SlotServer`` and ``kvlab.server.conversation.replay_chat``;
+nothing here states them.
 """
 
 from __future__ import annotations
@@ -8,8 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 from kvlab.core.chat_format import Message, Tokenizer, render, reply_tokens
+from kvlab.core.snapshots import RequestRecord
 from kvlab.exercises.core import NotYet, exercise
-from kvlab.server.slots import EXAMPLE_SYSTEM, LESSON_MAX_TOKENS, RequestRecord, SlotServer, replay_chat
+from kvlab.lessons.ex10 import EXAMPLE_SYSTEM, LESSON_MAX_TOKENS
+from kvlab.server.conversation import replay_chat
+from kvlab.server.slots import SlotServer
 
 # The notebook's conversation: user messages whose prompts have the lesson's token counts.
 MESSAGES = ("List the files in src.", "Open the config.", "Run the tests.", "Show the diff.")

@@ -10,8 +10,9 @@ import copy
 from functools import cache
 from typing import Any
 
+from kvlab.core.snapshots import Checkpoint
 from kvlab.exercises.core import NotYet, exercise
-from kvlab.server.swa import Checkpoint, SwaConfig, SwaSlot, checkpoint_plan, checkpoint_usable
+from kvlab.server.swa import SwaConfig, SwaSlot, checkpoint_plan, checkpoint_usable
 
 N_SWA = 128
 # 12.1: (checkpoint, n_past); D is made up: a copy of a ring that held only 50 positions

@@ -1,4 +1,4 @@
-"""One contiguous region of KV slots per request, placed first-fit (lesson example 1).
+"""One contiguous region of KV slots per request, placed first-fit (the pool of lesson example 1).
 
 This is the design paging replaced. It wastes memory in two ways that the
 pool measures:
@@ -13,20 +13,29 @@ request no gap can hold is refused: ``reserve`` returns ``None`` and the only
 change is that the request id joins ``rejected``. Moving live regions to close
 the gaps (compaction) is deliberately not offered: on a GPU it would copy
 gigabytes of KV under running requests.
+
+A recording pool adds one step per operation with an ``Event`` (kinds ``contiguous.create``,
+``contiguous.reserve`` with ``start`` None when refused, ``contiguous.release``); the words are in
+``kvlab.views.text.contiguous``. The lesson's two runs are ``kvlab.lessons.ex01``. (This is the layout of
+the systems the PagedAttention paper compares vLLM against, such as FasterTransformer and Orca.)
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-
-from kvlab.core.snapshots import ContiguousState, History, Region
-from kvlab.errors import DuplicateRequestError, InvalidArgumentError, UnknownRequestError, check_int
+from kvlab.core.snapshots import ContiguousState, Event, History, Region
+from kvlab.errors import (
+    DuplicateRequestError,
+    InvalidArgumentError,
+    UnknownRequestError,
+    brief,
+    check_bool,
+    check_int,
+)
 
 
 def _check_request_id(request_id: object) -> str:
     if not isinstance(request_id, str) or not request_id:
-        raise InvalidArgumentError(f"request_id must be a non-empty string, got {request_id!r}")
+        raise InvalidArgumentError(f"request_id must be a non-empty string, got {brief(request_id)}")
     return request_id
 
 
@@ -40,12 +49,11 @@ class ContiguousPool:
 
     def __init__(self, pool_size: int, *, record: bool = False) -> None:
         self.pool_size = check_int("pool_size", pool_size, minimum=1)
-        if not isinstance(record, bool):
-            raise InvalidArgumentError(f"record must be True or False, got {record!r}")
+        check_bool("record", record)
         self._regions: list[Region] = []  # sorted by start
         self._rejected: list[str] = []
         self.history: History[ContiguousState] | None = History() if record else None
-        self._record(f"empty pool of {pool_size} slots")
+        self._record("contiguous.create", pool_size=self.pool_size)
 
     # ------------------------------------------------------------------ queries
 
@@ -133,19 +141,23 @@ class ContiguousPool:
         start = self._first_fit(size)
         if start is None:
             self._rejected.append(request_id)
-            self._record(f"{request_id}: {size} slots refused, largest gap {self.largest_gap}")
+            if self.history is not None:
+                self._record(
+                    "contiguous.reserve", request_id=request_id, size=size, used=used, start=None,
+                    largest_gap=self.largest_gap,
+                )  # fmt: skip
             return None
         region = Region(request_id, start, size, used)
         self._regions.append(region)
         self._regions.sort(key=lambda r: r.start)
-        self._record(f"{request_id}: {size} slots at [{start}, {start + size}), {used} used")
+        self._record("contiguous.reserve", request_id=request_id, size=size, used=used, start=start)
         return region
 
     def release(self, request_id: str) -> Region:
         """Free the region of ``request_id`` (the request finished); return it."""
         region = self.region(request_id)
         self._regions.remove(region)
-        self._record(f"{request_id} finishes: [{region.start}, {region.end}) is free")
+        self._record("contiguous.release", request_id=request_id, start=region.start, end=region.end)
         return region
 
     def snapshot(self) -> ContiguousState:
@@ -164,113 +176,6 @@ class ContiguousPool:
     def _held_ids(self) -> str:
         return ", ".join(repr(r.owner) for r in self._regions) or "none"
 
-    def _record(self, caption: str) -> None:
+    def _record(self, kind: str, **facts: object) -> None:
         if self.history is not None:
-            self.history.add(caption, self.snapshot())
-
-
-# ---------------------------------------------------------------- lesson example 1
-
-
-@dataclass(frozen=True)
-class ReserveMaxResult:
-    """Part one: every request reserves ``max_len`` slots but uses only its real length."""
-
-    pool_size: int
-    max_len: int
-    placed: tuple[str, ...]
-    rejected: tuple[str, ...]
-    reserved: int
-    stored: int
-    internal_fragmentation: int
-    history: History[ContiguousState]
-
-    @property
-    def stored_percent(self) -> float:
-        return 100.0 * self.stored / self.pool_size
-
-
-@dataclass(frozen=True)
-class ExactFitResult:
-    """Part two: exact-size regions, some requests finish, a new request looks for a gap."""
-
-    pool_size: int
-    free: int
-    gaps: tuple[int, ...]  # gap sizes, lowest start first
-    largest_gap: int
-    new_request: int
-    new_request_placed: bool
-    external_fragmentation: int
-    history: History[ContiguousState]
-
-
-@dataclass(frozen=True)
-class Example1:
-    reserve_max: ReserveMaxResult
-    exact_fit: ExactFitResult
-
-
-def reserve_max(lengths: Sequence[int], *, pool_size: int = 8192, max_len: int = 2048) -> ReserveMaxResult:
-    """Reserve ``max_len`` slots for each request (real lengths ``lengths``), in order, first fit."""
-    lengths = _check_lengths("lengths", lengths)
-    check_int("max_len", max_len, minimum=1)
-    for i, n in enumerate(lengths):
-        if n > max_len:
-            raise InvalidArgumentError(f"lengths[{i}] = {n} exceeds max_len = {max_len}: raise max_len")
-    pool = ContiguousPool(pool_size, record=True)
-    placed = []
-    for i, n in enumerate(lengths):
-        if pool.reserve(f"r{i}", max_len, used=n) is not None:
-            placed.append(f"r{i}")
-    assert pool.history is not None
-    return ReserveMaxResult(
-        pool_size, max_len, tuple(placed), pool.rejected, pool.reserved, pool.stored,
-        pool.internal_fragmentation, pool.history,
-    )  # fmt: skip
-
-
-def exact_fit(
-    sizes: Sequence[int], finished: Sequence[int], new_request: int, *, pool_size: int = 8192
-) -> ExactFitResult:
-    """Reserve exactly ``sizes`` (requests q0, q1, ...), release the ``finished`` indices, then try ``new_request``."""
-    sizes = _check_lengths("sizes", sizes)
-    finished = list(finished)
-    for i in finished:
-        check_int("finished index", i, minimum=0)
-        if i >= len(sizes):
-            raise InvalidArgumentError(f"finished index {i} is out of range: there are {len(sizes)} requests")
-    if len(set(finished)) != len(finished):
-        raise InvalidArgumentError(f"finished lists a request twice: {finished}")
-    check_int("new_request", new_request, minimum=1)
-    pool = ContiguousPool(pool_size, record=True)
-    for i, size in enumerate(sizes):
-        pool.reserve(f"q{i}", size)
-    for i in finished:
-        if f"q{i}" not in pool.rejected:
-            pool.release(f"q{i}")
-    free, gaps, largest, external = (
-        pool.free,
-        tuple(pool.gap_sizes()),
-        pool.largest_gap,
-        pool.external_fragmentation,
-    )
-    placed = pool.reserve(f"q{len(sizes)}", new_request) is not None
-    assert pool.history is not None
-    return ExactFitResult(pool_size, free, gaps, largest, new_request, placed, external, pool.history)
-
-
-def example_1() -> Example1:
-    """Lesson example 1: reserve-the-maximum, then exact sizes with external fragmentation."""
-    return Example1(
-        reserve_max([300, 1200, 150, 700, 500], pool_size=8192, max_len=2048),
-        exact_fit([1500, 600, 1800, 400, 2000, 1000], finished=[1, 3], new_request=900, pool_size=8192),
-    )
-
-
-def _check_lengths(name: str, values: Sequence[int]) -> list[int]:
-    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
-        raise InvalidArgumentError(f"{name} must be a list of positive integers, got {type(values).__name__}")
-    out = list(values)
-    for i, v in enumerate(out):
-        check_int(f"{name}[{i}]", v, minimum=1)
-    return out
+            self.history.add(Event.of(kind, **facts), self.snapshot())

@@ -38,7 +38,7 @@ itself states (the front rule in example 7's last paragraph, the cap in
 example 6): it appends every freed block at the back and has no
 prompt_len - 1 cap. This model keeps both, always, because neither changes a
 lesson figure: example 7's prompts are whole blocks (no unhashed block) and C
-hits only 2 of its 3 blocks, so ``example_7`` reproduces the lesson exactly.
+hits only 2 of its 3 blocks, so ``kvlab.lessons.ex07.example_7`` reproduces the lesson exactly.
 The null block is the one difference that shows in the figures (block ids),
 so it is the one behind an option, off by default.
 
@@ -51,129 +51,45 @@ running request to make room.
 The replay (``null_block`` on, ``hash="vllm"``) is checked record by record
 against vLLM 0.33.0's real ``KVCacheManager`` on random scenarios by
 ``tools/conformance/fuzz_vllm.py``.
+
+Names: kvlab's ``PrefixCache`` is vLLM's ``KVCacheManager`` and ``BlockPool``
+together; ``request_id`` is vLLM's ``req_id``; ``num_tokens(request_id)`` is
+the request's ``num_computed_tokens`` once its tokens are cached;
+``allocate`` is ``get_computed_blocks`` + ``allocate_slots`` for a whole
+prompt; ``free`` is ``KVCacheManager.free``. The vocabulary (``block_table``,
+``free_queue()``, ``requests``, ``AllocationResult``) is the one
+``kvlab.models.paged.BlockPool`` uses. With ``record=True`` each call adds a
+``prefix_cache.<op>`` ``Event`` (captions: ``kvlab.views.text.block_pool``).
+Hash names such as the lesson's "a1" are a display matter
+(``kvlab.lessons.ex07.HashLabels``); snapshots and events show short hex.
+
+This module is over 500 lines with its docstring because the cache's rules
+(lookup, touch, take-and-evict, cache, free) share one state and only make
+sense together.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvlab.core import hashing
-from kvlab.core.snapshots import BlockPoolState, BlockState, History
+from kvlab.core.snapshots import BlockPoolState, BlockState, Event, History
 from kvlab.errors import (
+    MAX_TOKEN_ID,
     DuplicateRequestError,
     InvalidArgumentError,
     OutOfBlocksError,
     UnknownRequestError,
+    cdiv,
+    check_bool,
     check_int,
     check_tokens,
 )
+from kvlab.models.free_queue import Block, FreeBlockQueue
+from kvlab.models.paged import AllocationResult
 
-MAX_TOKEN_ID = 2**31 - 1
-
-
-class Block:
-    """One physical block's metadata; ``prev_free``/``next_free`` link it into the free queue."""
-
-    __slots__ = (
-        "block_id",
-        "ref_count",
-        "block_hash",
-        "tokens",
-        "ever_used",
-        "is_null",
-        "prev_free",
-        "next_free",
-    )
-
-    def __init__(self, block_id: int) -> None:
-        self.block_id = block_id
-        self.ref_count = 0
-        self.block_hash: bytes | None = None
-        self.tokens: list[int] = []
-        self.ever_used = False
-        self.is_null = False
-        self.prev_free: Block | None = None
-        self.next_free: Block | None = None
-
-    def __repr__(self) -> str:
-        return f"Block({self.block_id}, ref_count={self.ref_count}, hashed={self.block_hash is not None})"
-
-
-class FreeBlockQueue:
-    """Free blocks in hand-out order, as a doubly linked list between two sentinels.
-
-    Every operation touches only the blocks it moves: ``remove`` of a block in
-    the middle (a cache hit on a free block) is O(1), which a Python list or
-    deque cannot do.
-    """
-
-    def __init__(self, blocks: Sequence[Block]) -> None:
-        self._head = Block(-1)  # sentinels: the real blocks always have both neighbours
-        self._tail = Block(-1)
-        self._head.next_free = self._tail
-        self._tail.prev_free = self._head
-        self._len = 0
-        self.append_n(blocks)
-
-    def __len__(self) -> int:
-        return self._len
-
-    def __iter__(self) -> Iterator[Block]:
-        node = self._head.next_free
-        while node is not self._tail:
-            assert node is not None
-            yield node
-            node = node.next_free
-
-    def __contains__(self, block: Block) -> bool:
-        return block.prev_free is not None
-
-    def popleft_n(self, n: int) -> list[Block]:
-        """Take ``n`` blocks from the front (the caller checked there are enough)."""
-        out: list[Block] = []
-        node = self._head.next_free
-        for _ in range(n):
-            assert node is not None and node is not self._tail, "free queue underflow"
-            out.append(node)
-            nxt = node.next_free
-            node.prev_free = node.next_free = None
-            node = nxt
-        assert node is not None
-        self._head.next_free = node
-        node.prev_free = self._head
-        self._len -= n
-        return out
-
-    def remove(self, block: Block) -> None:
-        """Unlink ``block`` from wherever it is in the queue."""
-        prev, nxt = block.prev_free, block.next_free
-        assert prev is not None and nxt is not None, f"block {block.block_id} is not in the free queue"
-        prev.next_free = nxt
-        nxt.prev_free = prev
-        block.prev_free = block.next_free = None
-        self._len -= 1
-
-    def append_n(self, blocks: Sequence[Block]) -> None:
-        """Put ``blocks`` at the back, in the given order."""
-        self._link_after(self._tail.prev_free, blocks)
-
-    def prepend_n(self, blocks: Sequence[Block]) -> None:
-        """Put ``blocks`` at the front, in the given order (``blocks[0]`` becomes the front)."""
-        self._link_after(self._head, blocks)
-
-    def _link_after(self, anchor: Block | None, blocks: Sequence[Block]) -> None:
-        assert anchor is not None
-        after = anchor.next_free
-        assert after is not None
-        prev = anchor
-        for block in blocks:
-            prev.next_free = block
-            block.prev_free = prev
-            prev = block
-        prev.next_free = after
-        after.prev_free = prev
-        self._len += len(blocks)
+__all__ = ["AllocationResult", "FreeResult", "PrefixCache", "ProbeResult"]
 
 
 @dataclass(frozen=True)
@@ -183,32 +99,6 @@ class ProbeResult:
     num_tokens: int
     num_cached_tokens: int
     hit_block_ids: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class AllocationResult:
-    """What ``allocate`` or ``append`` did to request ``request_id``.
-
-    ``num_tokens`` is the request's length after the call, ``num_new_tokens``
-    how many tokens this call brought (the prompt, or the appended tokens).
-    ``evicted`` lists blocks whose cached content was dropped to make room, in
-    the order they were taken; ``evicted_hashes`` holds the hashes they lost.
-    """
-
-    request_id: str
-    num_tokens: int
-    num_new_tokens: int
-    num_cached_tokens: int
-    hit_block_ids: tuple[int, ...]
-    new_block_ids: tuple[int, ...]
-    evicted: tuple[int, ...]
-    evicted_hashes: tuple[bytes, ...]
-    block_table: tuple[int, ...]
-
-    @property
-    def num_computed_tokens(self) -> int:
-        """Tokens of this call the model must compute: the new tokens minus the cache hit."""
-        return self.num_new_tokens - self.num_cached_tokens
 
 
 @dataclass(frozen=True)
@@ -239,7 +129,6 @@ class PrefixCache:
     ("lesson" or "vllm"); the cache's behaviour does not depend on it.
     ``record=True`` keeps a ``History`` with one step per successful call,
     probes included; a call that raises records nothing, like it changes nothing.
-    ``hash_labels`` maps digests to display names (see ``HashLabels``).
     """
 
     free_queue_class: type[FreeBlockQueue] = FreeBlockQueue  # benchmarks swap in a list-based queue
@@ -255,8 +144,8 @@ class PrefixCache:
     ) -> None:
         check_int("block_size", block_size, minimum=1)
         check_int("num_blocks", num_blocks, minimum=1)
-        _check_bool("null_block", null_block)
-        _check_bool("record", record)
+        check_bool("null_block", null_block)
+        check_bool("record", record)
         if hash_scheme not in hashing.SCHEMES:
             raise InvalidArgumentError(
                 f"unknown hash scheme {hash_scheme!r}: use one of {', '.join(hashing.SCHEMES)}"
@@ -273,13 +162,12 @@ class PrefixCache:
             (reserved,) = self._queue.popleft_n(1)  # vLLM: BlockPool.__init__ pops block 0 for good
             reserved.is_null = True
             self.null_block = reserved.block_id
-        self.hash_labels: dict[bytes, str] = {}
         self.history: History[BlockPoolState] | None = None
         if record:
             self.history = History()
-            usable = len(self._queue)
-            extra = ", block 0 reserved as the null block" if null_block else ""
-            self.history.add(f"{usable} free blocks of {block_size} tokens{extra}", self.snapshot())
+            event = Event.of("prefix_cache.init", num_free_blocks=len(self._queue), block_size=block_size,
+                             null_block=self.null_block)  # fmt: skip
+            self.history.add(event, self.snapshot())
 
     # ------------------------------------------------------------------ queries
 
@@ -300,11 +188,11 @@ class PrefixCache:
         """Free block ids from the front (handed out next, so evicted first) to the back."""
         return [b.block_id for b in self._queue]
 
-    def block_table(self, req_id: str) -> tuple[int, ...]:
-        return tuple(b.block_id for b in self._request(req_id).table)
+    def block_table(self, request_id: str) -> tuple[int, ...]:
+        return tuple(b.block_id for b in self._request(request_id).table)
 
-    def num_tokens(self, req_id: str) -> int:
-        return len(self._request(req_id).tokens)
+    def num_tokens(self, request_id: str) -> int:
+        return len(self._request(request_id).tokens)
 
     def ref_count(self, block_id: int) -> int:
         return self._block(block_id).ref_count
@@ -317,74 +205,79 @@ class PrefixCache:
         """A copy of the hash map: each hash with the blocks cached under it, the one a hit returns first."""
         return {h: tuple(holders) for h, holders in self._cached.items()}
 
-    def label(self, digest: bytes) -> str:
-        """A hash's display name: its entry in ``hash_labels``, else its first 4 bytes in hex."""
-        return self.hash_labels.get(digest) or hashing.short(digest)
+    def lookup(self, tokens: Sequence[int], cache_salt: str | None = None) -> ProbeResult:
+        """What ``tokens`` would hit as a new prompt; changes nothing and records no step.
+
+        vLLM: ``KVCacheManager.get_computed_blocks`` (``find_longest_cache_hit``).
+        """
+        return self._probe(tokens, cache_salt)[0]
 
     def probe(self, tokens: Sequence[int], cache_salt: str | None = None) -> ProbeResult:
-        """Look ``tokens`` up as a new prompt would be; allocates and changes nothing."""
+        """``lookup``, recorded as a step when the cache records: allocates and changes nothing."""
+        result, hits = self._probe(tokens, cache_salt)
+        if self.history is not None:
+            event = Event.of("prefix_cache.probe", num_tokens=result.num_tokens,
+                             num_cached_tokens=result.num_cached_tokens,
+                             hit_block_ids=result.hit_block_ids)  # fmt: skip
+            self._record(event, hits=hits)
+        return result
+
+    def _probe(self, tokens: Sequence[int], cache_salt: str | None) -> tuple[ProbeResult, list[Block]]:
         toks = _check_token_ids("tokens", tokens)
         salt = _check_salt(cache_salt)
         hits = self._lookup(self._hash_prompt(toks, salt), len(toks))
-        result = ProbeResult(len(toks), len(hits) * self.block_size, tuple(b.block_id for b in hits))
-        self._record(
-            f"probe {len(toks)} tokens: {_hit_text(result.hit_block_ids, self.block_size)}", hits=hits
-        )
-        return result
+        return ProbeResult(len(toks), len(hits) * self.block_size, tuple(b.block_id for b in hits)), hits
 
     # ------------------------------------------------------------------ operations
 
-    def allocate(self, req_id: str, tokens: Sequence[int], cache_salt: str | None = None) -> AllocationResult:
+    def allocate(
+        self, request_id: str, tokens: Sequence[int], cache_salt: str | None = None
+    ) -> AllocationResult:
         """Admit a new request: reuse its cached prefix, allocate blocks for the rest, cache full blocks.
 
         Raises OutOfBlocksError, having changed nothing, when the free queue
         cannot supply the new blocks plus the free blocks the hit takes out of it.
         """
-        self._check_new_id(req_id)
+        self._check_new_id(request_id)
         toks = _check_token_ids("tokens", tokens)
         salt = _check_salt(cache_salt)
         hashes = self._hash_prompt(toks, salt)
         hits = self._lookup(hashes, len(toks))
-        num_new = -(-len(toks) // self.block_size) - len(hits)
+        num_new = cdiv(len(toks), self.block_size) - len(hits)
         num_free_hits = sum(1 for b in hits if b.ref_count == 0)
         if num_new + num_free_hits > len(self._queue):
             held = f" plus the {num_free_hits} free cached blocks it hits" if num_free_hits else ""
             raise OutOfBlocksError(
-                f"cannot allocate request {req_id!r}: it needs {num_new} new blocks{held}, "
+                f"cannot allocate request {request_id!r}: it needs {num_new} new blocks{held}, "
                 f"but only {len(self._queue)} blocks are free; free a request or use a larger pool"
             )
         self._touch(hits)
         new, evicted = self._take(num_new)
         req = _Request(list(toks), hits + new, hashes, salt)
-        self._requests[req_id] = req
+        self._requests[request_id] = req
         bs = self.block_size
         for i in range(len(hits), len(req.table)):
             req.table[i].tokens = toks[i * bs : (i + 1) * bs]
         self._cache_blocks(req, len(hits))
-        result = self._result(req_id, req, hits, new, evicted, len(toks), num_cached=len(hits) * bs)
-        self._record(
-            f"allocate {req_id} ({len(toks)} tokens): {_hit_text(result.hit_block_ids, bs)}, "
-            f"new blocks {list(result.new_block_ids)}{self._evicted_text(evicted)}",
-            hits=hits,
-            new=new,
-            evicted=[b for b, _ in evicted],
-        )
+        result = self._result(request_id, req, hits, new, evicted, len(toks), num_cached=len(hits) * bs)
+        if self.history is not None:
+            self._record(self._event("allocate", result), hits=hits, new=new, evicted=[b for b, _ in evicted])
         return result
 
-    def append(self, req_id: str, tokens: Sequence[int]) -> AllocationResult:
+    def append(self, request_id: str, tokens: Sequence[int]) -> AllocationResult:
         """Append decoded ``tokens`` to a running request; blocks that become full are cached at once.
 
         Raises OutOfBlocksError, having changed nothing, when the pool cannot
         supply the blocks the new tokens need.
         """
-        req = self._request(req_id)
+        req = self._request(request_id)
         toks = _check_token_ids("tokens", tokens)
         bs = self.block_size
         total = len(req.tokens) + len(toks)
-        num_new = -(-total // bs) - len(req.table)
+        num_new = cdiv(total, bs) - len(req.table)
         if num_new > len(self._queue):
             raise OutOfBlocksError(
-                f"cannot append {len(toks)} tokens to request {req_id!r}: they need {num_new} new blocks, "
+                f"cannot append {len(toks)} tokens to request {request_id!r}: they need {num_new} new blocks, "
                 f"but only {len(self._queue)} are free; free a request or use a larger pool"
             )
         new, evicted = self._take(num_new)
@@ -406,19 +299,15 @@ class PrefixCache:
             )
             req.hashes.append(parent)
         self._cache_blocks(req, start // bs)
-        result = self._result(req_id, req, [], new, evicted, len(toks), num_cached=0)
-        self._record(
-            f"append {len(toks)} tokens to {req_id}: new blocks {list(result.new_block_ids)}"
-            f"{self._evicted_text(evicted)}",
-            new=new,
-            evicted=[b for b, _ in evicted],
-        )
+        result = self._result(request_id, req, [], new, evicted, len(toks), num_cached=0)
+        if self.history is not None:
+            self._record(self._event("append", result), new=new, evicted=[b for b, _ in evicted])
         return result
 
-    def free(self, req_id: str) -> FreeResult:
+    def free(self, request_id: str) -> FreeResult:
         """Finish a request: release its blocks in reverse table order (hashed to the back, others to the front)."""
-        req = self._request(req_id)
-        del self._requests[req_id]
+        req = self._request(request_id)
+        del self._requests[request_id]
         ordered = req.table[::-1]
         for block in ordered:
             block.ref_count -= 1
@@ -428,20 +317,19 @@ class PrefixCache:
         self._queue.prepend_n(unhashed)
         self._queue.append_n(hashed)
         result = FreeResult(
-            req_id, tuple(b.block_id for b in req.table), tuple(b.block_id for b in unhashed + hashed)
+            request_id, tuple(b.block_id for b in req.table), tuple(b.block_id for b in unhashed + hashed)
         )
-        where = []
-        if unhashed:
-            where.append(f"{[b.block_id for b in unhashed]} to the front")
-        if hashed:
-            where.append(f"{[b.block_id for b in hashed]} to the back")
-        self._record(f"free {req_id}: " + (", ".join(where) if where else "no block became free"))
+        if self.history is not None:
+            event = Event.of("prefix_cache.free", request_id=request_id, block_table=result.block_table,
+                             to_front=tuple(b.block_id for b in unhashed),
+                             to_back=tuple(b.block_id for b in hashed))  # fmt: skip
+            self._record(event)
         return result
 
     # ------------------------------------------------------------------ snapshots
 
     def snapshot(self) -> BlockPoolState:
-        """The whole state as an immutable ``BlockPoolState`` (hash labels are short hex or ``hash_labels``)."""
+        """The whole state as an immutable ``BlockPoolState`` (block hashes shown as short hex)."""
         return self._snapshot()
 
     def _snapshot(
@@ -453,7 +341,7 @@ class PrefixCache:
                 block_id=b.block_id,
                 ref_count=b.ref_count,
                 tokens=tuple(b.tokens),
-                block_hash=None if b.block_hash is None else self.label(b.block_hash),
+                block_hash=None if b.block_hash is None else hashing.short(b.block_hash),
                 ever_used=b.ever_used,
                 is_null=b.is_null,
             )
@@ -463,12 +351,12 @@ class PrefixCache:
             block_size=self.block_size,
             blocks=blocks,
             tables=tuple((rid, tuple(b.block_id for b in r.table)) for rid, r in self._requests.items()),
-            seq_lens=tuple((rid, len(r.tokens)) for rid, r in self._requests.items()),
+            token_counts=tuple((rid, len(r.tokens)) for rid, r in self._requests.items()),
             free_queue=tuple(self.free_queue()),
             null_block=self.null_block,
-            hit_blocks=tuple(b.block_id for b in hits),
-            new_blocks=tuple(b.block_id for b in new),
-            evicted_blocks=tuple(b.block_id for b in evicted),
+            hit_block_ids=tuple(b.block_id for b in hits),
+            new_block_ids=tuple(b.block_id for b in new),
+            evicted_block_ids=tuple(b.block_id for b in evicted),
         )
 
     # ------------------------------------------------------------------ internals
@@ -532,7 +420,7 @@ class PrefixCache:
 
     def _result(
         self,
-        req_id: str,
+        request_id: str,
         req: _Request,
         hits: list[Block],
         new: list[Block],
@@ -542,7 +430,7 @@ class PrefixCache:
         num_cached: int,
     ) -> AllocationResult:
         return AllocationResult(
-            request_id=req_id,
+            request_id=request_id,
             num_tokens=len(req.tokens),
             num_new_tokens=num_new_tokens,
             num_cached_tokens=num_cached,
@@ -553,42 +441,52 @@ class PrefixCache:
             block_table=tuple(b.block_id for b in req.table),
         )
 
-    def _evicted_text(self, evicted: list[tuple[Block, bytes]]) -> str:
-        if not evicted:
-            return ""
-        return ", evicting " + ", ".join(f"{self.label(h)} from block {b.block_id}" for b, h in evicted)
+    @staticmethod
+    def _event(op: str, result: AllocationResult) -> Event:
+        """The event of an allocate or append; built only while recording."""
+        return Event.of(
+            f"prefix_cache.{op}",
+            request_id=result.request_id,
+            num_tokens=result.num_tokens,
+            num_new_tokens=result.num_new_tokens,
+            num_cached_tokens=result.num_cached_tokens,
+            hit_block_ids=result.hit_block_ids,
+            new_block_ids=result.new_block_ids,
+            evicted=result.evicted,
+            evicted_hashes=tuple(hashing.short(h) for h in result.evicted_hashes),
+        )
 
     def _record(
         self,
-        caption: str,
+        event: Event,
         *,
         hits: Sequence[Block] = (),
         new: Sequence[Block] = (),
         evicted: Sequence[Block] = (),
     ) -> None:
-        if self.history is not None:
-            self.history.add(caption, self._snapshot(hits, new, evicted))
+        assert self.history is not None  # callers build the event only while recording
+        self.history.add(event, self._snapshot(hits, new, evicted))
 
-    def _request(self, req_id: object) -> _Request:
-        if not isinstance(req_id, str):
+    def _request(self, request_id: object) -> _Request:
+        if not isinstance(request_id, str):
             raise InvalidArgumentError(
-                f"request id must be a string, got {req_id!r} ({type(req_id).__name__})"
+                f"request id must be a string, got {request_id!r} ({type(request_id).__name__})"
             )
-        req = self._requests.get(req_id)
+        req = self._requests.get(request_id)
         if req is None:
             names = list(self._requests)
             live = ", ".join(map(repr, names[:8])) + (", ..." if len(names) > 8 else "") or "none"
             raise UnknownRequestError(
-                f"unknown request {req_id!r} (already freed, or never allocated); live: {live}"
+                f"unknown request {request_id!r} (already freed, or never allocated); live: {live}"
             )
         return req
 
-    def _check_new_id(self, req_id: object) -> None:
-        if not isinstance(req_id, str) or not req_id:
-            raise InvalidArgumentError(f"request id must be a non-empty string, got {req_id!r}")
-        if req_id in self._requests:
+    def _check_new_id(self, request_id: object) -> None:
+        if not isinstance(request_id, str) or not request_id:
+            raise InvalidArgumentError(f"request id must be a non-empty string, got {request_id!r}")
+        if request_id in self._requests:
             raise DuplicateRequestError(
-                f"request {req_id!r} already holds blocks; free it first or pick a new id"
+                f"request {request_id!r} already holds blocks; free it first or pick a new id"
             )
 
     def _block(self, block_id: object) -> Block:
@@ -601,150 +499,7 @@ class PrefixCache:
         return self._blocks[block_id]
 
 
-# ---------------------------------------------------------------------- named hashes (example 7)
-
-
-class HashLabels:
-    """Token ids for block-hash *names*, so a scenario written as "a1, a2, a3" runs on real tokens.
-
-    The lesson's example 7 talks about blocks by their hash ("a1", "b2"). Each
-    distinct name here gets its own run of ``block_size`` token ids, so a
-    sequence of names becomes a prompt of whole blocks, and the block hash of
-    each name is recorded for display. A name stands for a whole prefix (that
-    is what a chained hash identifies), so using one name after two different
-    prefixes is rejected.
-    """
-
-    def __init__(self, block_size: int, *, scheme: str = "lesson", salt: str | None = None) -> None:
-        check_int("block_size", block_size, minimum=1)
-        if scheme not in hashing.SCHEMES:
-            raise InvalidArgumentError(
-                f"unknown hash scheme {scheme!r}: use one of {', '.join(hashing.SCHEMES)}"
-            )
-        self.block_size = block_size
-        self.scheme = scheme
-        self.salt = _check_salt(salt)
-        self._run: dict[str, int] = {}  # name -> index of its token run
-        self._digest: dict[str, bytes] = {}
-        self.names: dict[bytes, str] = {}  # digest -> name, ready for PrefixCache.hash_labels
-
-    def tokens(self, labels: Sequence[str]) -> list[int]:
-        """The prompt for ``labels``: one full block of distinct token ids per name."""
-        if isinstance(labels, str) or not hasattr(labels, "__iter__"):
-            raise InvalidArgumentError(f"labels must be a list of block names, got {type(labels).__name__}")
-        names = list(labels)
-        if not names:
-            raise InvalidArgumentError("labels is empty: give at least one block name")
-        runs = dict(self._run)
-        for i, name in enumerate(names):
-            if not isinstance(name, str) or not name:
-                raise InvalidArgumentError(f"labels[{i}] must be a non-empty string, got {name!r}")
-            runs.setdefault(name, len(runs))
-        bs = self.block_size
-        toks = [runs[name] * bs + k + 1 for name in names for k in range(bs)]
-        digests = hashing.block_hashes(toks, bs, salt=self.salt, scheme=self.scheme)
-        for name, digest in zip(names, digests, strict=True):
-            known = self._digest.get(name)
-            if known is not None and known != digest:
-                raise InvalidArgumentError(
-                    f"block name {name!r} was already used after a different prefix; a block hash names "
-                    "the whole prefix up to it, so give this block another name"
-                )
-        self._run = runs
-        for name, digest in zip(names, digests, strict=True):
-            self._digest[name] = digest
-            self.names[digest] = name
-        return toks
-
-    def __getitem__(self, digest: bytes) -> str:
-        return self.names[digest]
-
-
-EXAMPLE_7_REQUESTS: dict[str, tuple[str, ...]] = {
-    "A": ("a1", "a2", "a3"),
-    "B": ("b1", "b2"),
-    "C": ("a1", "a2", "c3"),
-    "D": ("d1", "d2", "d3"),
-}
-EXAMPLE_7_STEPS: tuple[tuple[str, str], ...] = (
-    ("alloc", "A"),
-    ("free", "A"),
-    ("alloc", "B"),
-    ("free", "B"),
-    ("alloc", "C"),
-    ("alloc", "D"),
-    ("free", "C"),
-)
-
-
-@dataclass(frozen=True)
-class Example7:
-    """Lesson example 7: which hashes were evicted, the free queue after each finished request, the log."""
-
-    evictions: tuple[str, ...]
-    queues: tuple[tuple[int, ...], ...]
-    log: tuple[str, ...]
-    history: History[BlockPoolState]
-
-
-def example_7_scenario(block_size: int = 16, *, hash_scheme: str = "lesson") -> dict:
-    """Example 7 as a replay scenario: ``{"config": ..., "ops": [...]}`` for ``python -m kvlab replay prefix-cache``.
-
-    Each request's prompt is its named blocks and nothing more (whole blocks),
-    so the prompt_len - 1 cap only keeps C from hitting its own last block,
-    which misses anyway.
-    """
-    labels = HashLabels(block_size, scheme=hash_scheme)
-    prompts = {rid: labels.tokens(names) for rid, names in EXAMPLE_7_REQUESTS.items()}
-    ops: list[dict] = []
-    for op, rid in EXAMPLE_7_STEPS:
-        ops.append(
-            {"op": op, "req": rid, "tokens": prompts[rid]} if op == "alloc" else {"op": op, "req": rid}
-        )
-    config = {"block_size": block_size, "num_blocks": 6, "null_block": False, "hash": hash_scheme}
-    return {"config": config, "ops": ops}
-
-
-def example_7(block_size: int = 16, *, hash_scheme: str = "lesson") -> Example7:
-    """Run lesson example 7 (a pool of 6 blocks, requests A-D) and return its evictions and queues.
-
-    Expected: evictions a3, b2, b1; queues [3, 4, 5, 2, 1, 0] after A,
-    [5, 2, 1, 0, 4, 3] after B, and [5, 1, 0] after C.
-    """
-    labels = HashLabels(block_size, scheme=hash_scheme)
-    prompts = {rid: labels.tokens(names) for rid, names in EXAMPLE_7_REQUESTS.items()}
-    cache = PrefixCache(6, block_size, hash_scheme=hash_scheme, record=True)
-    cache.hash_labels = labels.names
-    evictions: list[str] = []
-    queues: list[tuple[int, ...]] = []
-    log: list[str] = []
-    for op, rid in EXAMPLE_7_STEPS:
-        if op == "free":
-            cache.free(rid)
-            queues.append(tuple(cache.free_queue()))
-            log.append(f"  {rid} finished; free queue, front first: {list(queues[-1])}")
-            continue
-        result = cache.allocate(rid, prompts[rid])
-        names = EXAMPLE_7_REQUESTS[rid]
-        parts = [f"{names[i]} hit in block {b}" for i, b in enumerate(result.hit_block_ids)]
-        dropped = dict(zip(result.evicted, result.evicted_hashes, strict=True))
-        for i, b in enumerate(result.new_block_ids, start=len(result.hit_block_ids)):
-            if b in dropped:
-                evictions.append(labels[dropped[b]])
-                parts.append(f"{names[i]} into block {b} (evicting {evictions[-1]})")
-            else:
-                parts.append(f"{names[i]} into block {b}")
-        log.append(f"{rid}: " + ", ".join(parts))
-    assert cache.history is not None
-    return Example7(tuple(evictions), tuple(queues), tuple(log), cache.history)
-
-
 # ---------------------------------------------------------------------- validation helpers
-
-
-def _check_bool(name: str, value: object) -> None:
-    if not isinstance(value, bool):
-        raise InvalidArgumentError(f"{name} must be True or False, got {value!r}")
 
 
 def _check_salt(salt: object) -> str | None:
@@ -765,9 +520,3 @@ def _check_token_ids(name: str, tokens: object) -> list[int]:
         i, t = next((i, t) for i, t in enumerate(toks) if not 0 <= t <= MAX_TOKEN_ID)
         raise InvalidArgumentError(f"{name}[{i}] = {t} is not a token id: use 0..{MAX_TOKEN_ID}")
     return toks
-
-
-def _hit_text(hit_ids: tuple[int, ...], block_size: int) -> str:
-    if not hit_ids:
-        return "no cache hit"
-    return f"hit {len(hit_ids) * block_size} tokens in blocks {list(hit_ids)}"

@@ -1,4 +1,4 @@
-"""A radix tree of cached prefixes, kept the way SGLang's ``RadixCache`` keeps it (lesson example 8).
+"""A radix tree of cached prefixes, kept the way SGLang's ``RadixCache`` keeps it (lesson example 8's model).
 
 Each edge holds a run of tokens and, for every token, the KV slot that holds its
 keys and values. Prompts that share a prefix share the nodes of that prefix. A
@@ -62,26 +62,32 @@ Eviction strategies other than LRU (lfu, fifo, priority...) are not modelled.
 
 The replay of this tree is checked record by record against SGLang 0.5.23's real
 ``RadixCache`` on random scenarios by ``tools/conformance/fuzz_sglang.py``.
+
+Names: ``RadixTree`` is SGLang's ``RadixCache``, ``match``/``insert``/``lock``/``unlock``/``evict``
+are its ``match_prefix``/``insert``/``inc_lock_ref``/``dec_lock_ref``/``evict``, ``SlotAllocator``
+stands for its token-to-KV pool allocator, and a node's ``last_access`` is ``last_access_time``.
+A recording tree adds one step per operation with an ``Event`` (``radix.create``, ``radix.match``,
+``radix.insert``, ``radix.lock``, ``radix.unlock``, ``radix.evict``); the words, and ``format_tree``
+(the lesson's indented print of a tree), are in ``kvlab.views.text.radix``; the lesson's run is
+``kvlab.lessons.ex08``. The module is longer than most because the clock, the split and the eviction
+heap must follow SGLang step for step for the conformance check to hold: one concept, kept whole.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Container, Hashable, Iterator, Sequence
+from collections.abc import Container, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain
 
-from kvlab.core.snapshots import History, RadixNodeState, RadixState
-from kvlab.errors import InvalidArgumentError, check_int, check_tokens
+from kvlab.core.snapshots import Event, History, RadixNodeState, RadixState
+from kvlab.errors import InvalidArgumentError, brief, check_bool, check_int, check_tokens
 
 __all__ = [
-    "Example8",
     "MatchResult",
     "RadixNode",
     "RadixTree",
     "SlotAllocator",
-    "example_8",
-    "format_tree",
 ]
 
 
@@ -212,8 +218,7 @@ class RadixTree:
 
     def __init__(self, page_size: int = 1, record: bool = False) -> None:
         self.page_size = check_int("page_size", page_size, minimum=1)
-        if not isinstance(record, bool):
-            raise InvalidArgumentError(f"record must be True or False, got {record!r}")
+        check_bool("record", record)
         self.allocator = SlotAllocator()
         self._clock = 0
         self._next_id = 0
@@ -230,7 +235,8 @@ class RadixTree:
         self.root = self._new_node((), (), None, None)
         self.root.lock_ref = 1
         self.history: History[RadixState] | None = History() if record else None
-        self._record("empty tree")
+        if self.history is not None:
+            self._record(Event.of("radix.create", page_size=self.page_size))
 
     # ------------------------------------------------------------------ public API
 
@@ -269,7 +275,10 @@ class RadixTree:
         self._begin_op()
         result = self._match_walk(tokens, extra_key) if tokens else MatchResult(0, self.root, ())
         self._matched_node = result.node.node_id
-        self._record(lambda: f"match {_show(tokens)}{_ns(extra_key)}: {result.matched_len} tokens cached")
+        if self.history is not None:
+            self._record(
+                Event.of("radix.match", tokens=tokens, extra_key=extra_key, matched_len=result.matched_len)
+            )
         return result
 
     def insert(self, tokens: Sequence[int], extra_key: str | None = None) -> int:
@@ -281,7 +290,8 @@ class RadixTree:
         tokens = self._check_key(tokens, extra_key)
         self._begin_op()
         present = self._insert_walk(tokens, extra_key)
-        self._record(lambda: f"insert {_show(tokens)}{_ns(extra_key)}: {present} tokens already present")
+        if self.history is not None:
+            self._record(Event.of("radix.insert", tokens=tokens, extra_key=extra_key, present=present))
         return present
 
     def lock(self, node: RadixNode) -> int:
@@ -293,8 +303,9 @@ class RadixTree:
         self._check_handle(node, "lock")
         self._begin_op()
         handle = node
-        delta = 0
+        delta = depth = 0
         while node.parent is not None:
+            depth += len(node.key)
             if node.lock_ref == 0:
                 size = len(node.key)
                 self._evictable_size -= size
@@ -302,7 +313,8 @@ class RadixTree:
                 delta -= size
             node.lock_ref += 1
             node = node.parent
-        self._record(lambda: f"lock node #{handle.node_id} ({_depth_tokens(handle)} tokens to the root)")
+        if self.history is not None:
+            self._record(Event.of("radix.lock", node_id=handle.node_id, depth_tokens=depth))
         return delta
 
     def unlock(self, node: RadixNode) -> int:
@@ -326,8 +338,9 @@ class RadixTree:
             )
         self._begin_op()
         handle = node
-        delta = 0
+        delta = depth = 0
         while node.parent is not None:
+            depth += len(node.key)
             if node.lock_ref == 1:
                 size = len(node.key)
                 self._evictable_size += size
@@ -337,7 +350,8 @@ class RadixTree:
             if node.lock_ref <= 0 and not node.children:
                 self._push(node)
             node = node.parent
-        self._record(lambda: f"unlock node #{handle.node_id} ({_depth_tokens(handle)} tokens to the root)")
+        if self.history is not None:
+            self._record(Event.of("radix.unlock", node_id=handle.node_id, depth_tokens=depth))
         return delta
 
     def evict(self, num_tokens: int) -> list[tuple[int, ...]]:
@@ -377,9 +391,8 @@ class RadixTree:
         for parent in deferred:
             self._push(parent)
         runs = list(self._evicted_runs)
-        self._record(
-            f"evict {num_tokens}: freed {freed} tokens in {len(runs)} {'leaf' if len(runs) == 1 else 'leaves'}"
-        )
+        if self.history is not None:
+            self._record(Event.of("radix.evict", num_tokens=num_tokens, freed=freed, evicted=tuple(runs)))
         return runs
 
     def nodes(self) -> Iterator[RadixNode]:
@@ -411,7 +424,7 @@ class RadixTree:
             tokens = check_tokens("tokens", tokens)
         if extra_key is not None and not isinstance(extra_key, str):
             raise InvalidArgumentError(
-                f"extra_key must be a string (a namespace such as a LoRA id or salt) or None, got {extra_key!r}"
+                f"extra_key must be a string (a namespace such as a LoRA id or salt) or None, got {brief(extra_key)}"
             )
         aligned = len(tokens) // self.page_size * self.page_size
         return tuple(tokens[:aligned])
@@ -565,10 +578,10 @@ class RadixTree:
         self._split_nodes = []
         self._evicted_runs = []
 
-    def _record(self, caption: str | Callable[[], str]) -> None:
-        """Add a step when recording; a caption given as a function is only built then."""
-        if self.history is not None:
-            self.history.add(caption if isinstance(caption, str) else caption(), self.snapshot())
+    def _record(self, event: Event) -> None:
+        """Add a step (the caller checked that the tree records, so nothing is built otherwise)."""
+        assert self.history is not None
+        self.history.add(event, self.snapshot())
 
     def _node_state(self, node: RadixNode) -> RadixNodeState:
         return RadixNodeState(
@@ -579,84 +592,3 @@ class RadixTree:
             children=tuple(self._node_state(c) for c in node.children.values()),
             extra_key=node.extra_key,
         )
-
-
-def _depth_tokens(node: RadixNode) -> int:
-    total = 0
-    while node.parent is not None:
-        total += len(node.key)
-        node = node.parent
-    return total
-
-
-def _show(tokens: Sequence[int]) -> str:
-    if len(tokens) <= 12:
-        return str(list(tokens))
-    return f"[{', '.join(map(str, tokens[:10]))}, ... ({len(tokens)} tokens)]"
-
-
-def _ns(extra_key: str | None) -> str:
-    return "" if extra_key is None else f" (extra_key {extra_key!r})"
-
-
-def format_tree(state: RadixState) -> str:
-    """The tree as indented lines, like the lesson prints it: run, 'locked', access time."""
-    lines = []
-    for depth, node in state.root.walk():
-        if depth == 0:
-            continue
-        ns = f" extra_key={node.extra_key!r}" if node.extra_key is not None else ""
-        locked = " locked" if node.lock_ref > 0 else ""
-        lines.append(f"{'  ' * (depth - 1)}{list(node.key)}{ns}{locked} t={node.last_access}")
-    return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------- lesson runner
-
-
-@dataclass(frozen=True)
-class Example8:
-    """What example 8 shows, step by step."""
-
-    tree_after_inserts: RadixState
-    token_entries: int  # tokens stored in the tree after the three inserts
-    prompt_tokens: int  # tokens in the three prompts
-    matched_len: int
-    evicted_runs: tuple[tuple[int, ...], ...]
-    evicted_tokens: int
-    evictable_size: int
-    protected_size: int
-    tree_after_evict: RadixState
-    history: History[RadixState]
-
-
-EXAMPLE_8_PROMPTS = (
-    (1, 2, 3, 4, 5, 6, 10, 11),  # system prompt 1..6 + question A
-    (1, 2, 3, 4, 5, 6, 20, 21, 22),  # the same system prompt + question B
-    (1, 2, 3, 4, 5, 6, 10, 11, 30, 31),  # turn 2 of conversation A
-)
-EXAMPLE_8_REQUEST = (1, 2, 3, 4, 5, 6, 20, 21, 22, 40)
-
-
-def example_8() -> Example8:
-    """Three inserts, a match, a lock of its path, and an eviction of 1 token."""
-    tree = RadixTree(page_size=1, record=True)
-    for prompt in EXAMPLE_8_PROMPTS:
-        tree.insert(prompt)
-    after_inserts = tree.snapshot()
-    hit = tree.match(EXAMPLE_8_REQUEST)
-    tree.lock(hit.node)
-    runs = tree.evict(1)
-    assert tree.history is not None
-    return Example8(
-        tree_after_inserts=after_inserts,
-        token_entries=after_inserts.total_tokens,
-        prompt_tokens=sum(len(p) for p in EXAMPLE_8_PROMPTS),
-        matched_len=hit.matched_len,
-        evicted_runs=tuple(runs),
-        evicted_tokens=sum(len(r) for r in runs),
-        evictable_size=tree.evictable_size,
-        protected_size=tree.protected_size,
-        tree_after_evict=tree.snapshot(),
-        history=tree.history,
-    )

@@ -1,4 +1,4 @@
-"""How much of a pool holds KV: reserve-the-maximum against on-demand blocks (lesson example 3).
+"""How much of a pool holds KV: reserve-the-maximum against on-demand blocks (lesson example 3's model).
 
 Both fills admit requests in arrival order and stop at the first request that
 does not fit, as a first-come-first-served scheduler does (it does not skip
@@ -10,6 +10,8 @@ ahead to a smaller request). Requests only arrive here; none finishes.
   ``kvlab.models.paged.BlockPool`` of ``pool_size // block_size`` blocks; the only
   waste is the unused tail of each request's last block (at most
   block_size - 1 slots).
+
+The lesson's run (40 requests from ``new Random(5)``) is ``kvlab.lessons.ex03``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvlab.core.snapshots import BlockPoolState, ContiguousState, History
+from kvlab.core.snapshots import BlockPoolState, ContiguousState, Event, History
 from kvlab.core.workloads import JavaRandom
 from kvlab.errors import InvalidArgumentError, check_int
 from kvlab.models.contiguous import ContiguousPool
@@ -92,7 +94,7 @@ def fill_paged(
 
     The pool has ``pool_size // block_size`` blocks (slots that do not make a
     whole block are not usable). When recording, the last step repeats the
-    final state with a caption naming the request that did not fit.
+    final state with a ``utilization.wait`` event naming the request that did not fit.
     """
     lengths = _check_lengths(lengths)
     check_int("pool_size", pool_size, minimum=1)
@@ -106,16 +108,17 @@ def fill_paged(
         need = pool.blocks_needed(n)
         if need > pool.num_free_blocks:
             if pool.history is not None:
-                pool.history.add(
-                    f"r{i} ({n} tokens) needs {need} blocks, {pool.num_free_blocks} free: it waits",
-                    pool.snapshot(),
-                )
+                wait = Event.of(
+                    "utilization.wait", request_id=f"r{i}", tokens=n, blocks_needed=need,
+                    free_blocks=pool.num_free_blocks,
+                )  # fmt: skip
+                pool.history.add(wait, pool.snapshot())
             break
         pool.allocate(f"r{i}", n)
-    stored = sum(pool.seq_len(s) for s in pool.sequences)
+    stored = sum(pool.num_tokens(r) for r in pool.requests)
     wasted = pool.num_used_blocks * block_size - stored
     history: History[BlockPoolState] | None = pool.history
-    return Fill(f"{block_size}-token blocks", pool_size, len(pool.sequences), stored, wasted, history)
+    return Fill(f"{block_size}-token blocks", pool_size, len(pool.requests), stored, wasted, history)
 
 
 def compare_utilization(
@@ -131,13 +134,6 @@ def compare_utilization(
         tuple(_check_lengths(lengths)),
         fill_reserving(lengths, pool_size=pool_size, max_len=max_len, record=record),
         fill_paged(lengths, pool_size=pool_size, block_size=block_size, record=record),
-    )
-
-
-def example_3(*, record: bool = True) -> Utilization:
-    """Lesson example 3: 40 requests from ``new Random(5)`` in an 8,192-slot pool."""
-    return compare_utilization(
-        request_lengths(5, 40), pool_size=8192, block_size=16, max_len=2048, record=record
     )
 
 

@@ -1,1 +1,109 @@
-"""One loader, validator and applier per model, shared by the replay CLI, the Playground and the tests."""
+"""Scenarios: the one place that loads, validates and applies a ``{"config": ..., "ops": [...]}`` file.
+
+A scenario drives one model through a list of ops. Each model has a module
+here with the same small interface:
+
+* ``NAME`` (the model's name in a scenario and on the command line) and
+  ``OP_FIELDS`` (op -> (required fields, optional fields));
+* ``Run(config, *, record=False)``: the model built from ``config`` (a bad
+  config raises ``ScenarioError`` naming the key), with ``run.model`` and
+  ``run.apply(op, index) -> Outcome``: the op's JSON-ready record and, when the
+  pool refused the op for want of room (it changed nothing), why;
+* ``replay(config, ops) -> list[dict]``: every op's record, what
+  ``python -m kvlab replay NAME`` prints.
+
+A bad op raises ``ScenarioError`` naming its index, having applied nothing of
+it. The replay CLI (``kvlab.cli.replay``) replays the models in ``CLI_MODELS``;
+the Playground (``kvlab.views.playground``) runs the block-pool models through
+``start``. Scenario models: ``prefix-cache`` (vLLM's prefix cache,
+``kvlab.models.prefix_cache``), ``radix`` (SGLang's radix tree), and
+``block-pool`` (``kvlab.models.paged.BlockPool`` with fork; the Playground
+only, since the CLI has no fork to check against a real engine).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from types import ModuleType
+from typing import Any, NamedTuple
+
+from kvlab.errors import ScenarioError
+
+MODULES = {
+    "prefix-cache": "kvlab.scenarios.prefix_cache",
+    "radix": "kvlab.scenarios.radix",
+    "block-pool": "kvlab.scenarios.block_pool",
+}
+CLI_MODELS = ("prefix-cache", "radix")  # what ``python -m kvlab replay`` takes
+
+
+class Outcome(NamedTuple):
+    """One applied op: its record, and why the pool refused it (None when the op was carried out)."""
+
+    record: dict[str, Any]
+    refused: str | None = None
+
+
+def module(model: str) -> ModuleType:
+    """The scenario module of ``model`` (one of ``MODULES``)."""
+    if model not in MODULES:
+        raise ScenarioError(f"unknown model {model!r}: use one of {', '.join(MODULES)}")
+    return importlib.import_module(MODULES[model])
+
+
+def start(model: str, config: dict[str, Any], *, record: bool = False) -> Any:
+    """A fresh ``Run`` of ``model`` built from ``config``: apply ops to it one at a time."""
+    return module(model).Run(config, record=record)
+
+
+def load_scenario(text: str) -> tuple[str | None, dict[str, Any], list[Any]]:
+    """Parse scenario JSON into (model it names or None, config, ops); raise ScenarioError when its shape is wrong."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ScenarioError(
+            f"the scenario is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})"
+        ) from None
+    if not isinstance(data, dict):
+        raise ScenarioError('the scenario must be a JSON object: {"config": {...}, "ops": [...]}')
+    unknown = set(data) - {"config", "ops", "model"}
+    if unknown:
+        raise ScenarioError(
+            f"unknown top-level key(s) {sorted(unknown)}: a scenario has only 'config', 'ops' and an optional 'model'"
+        )
+    model = data.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ScenarioError(f"'model' must be a string naming the model, got {model!r}")
+    config = data.get("config", {})
+    ops = data.get("ops")
+    if not isinstance(config, dict):
+        raise ScenarioError("'config' must be a JSON object")
+    if not isinstance(ops, list):
+        raise ScenarioError("'ops' must be a JSON list of operations")
+    return model, config, ops
+
+
+def parse_scenario(scenario: object) -> tuple[str | None, dict[str, Any], list[Any]]:
+    """``load_scenario`` for a scenario given as a dict or as its JSON text."""
+    if isinstance(scenario, dict):
+        scenario = json.dumps(scenario)
+    elif not isinstance(scenario, str):
+        raise ScenarioError(
+            f'a scenario is a dict or JSON text {{"config": ..., "ops": [...]}}, got {type(scenario).__name__}'
+        )
+    return load_scenario(scenario)
+
+
+def check_model(named: object, model: str) -> None:
+    """A scenario may name the model it was written for (playground exports do); it must be this one."""
+    if named is None or named == model:
+        return
+    if named == "block-pool":
+        raise ScenarioError(
+            "this scenario was exported from the block-pool playground (it may fork, which the replay CLI "
+            "has no op for): load it with kvlab.views.Playground.from_scenario instead"
+        )
+    raise ScenarioError(
+        f"the scenario names model {named!r} but is replayed as {model!r}: replay it as {named!r}"
+    )

@@ -24,7 +24,9 @@ blocks whose cached content the op dropped, in order. ``free_queue`` runs
 from the front (handed out next) to the back and never holds the null block.
 
 A malformed scenario raises ``ScenarioError`` naming the op's index; the op
-that is wrong is checked completely before anything of it is applied.
+that is wrong is checked completely before anything of it is applied. The
+Playground runs the same ``Run`` with ``record=True``; a refused alloc's lookup
+then records no step (``PrefixCache.lookup``), since the pool did not change.
 """
 
 from __future__ import annotations
@@ -32,52 +34,68 @@ from __future__ import annotations
 from typing import Any
 
 from kvlab.core.hashing import SCHEMES
-from kvlab.errors import KvlabError, OutOfBlocksError, ScenarioError
-from kvlab.models.prefix_cache import MAX_TOKEN_ID, PrefixCache
+from kvlab.errors import InvalidArgumentError, KvlabError, OutOfBlocksError, ScenarioError, brief, check_bool
+from kvlab.models.prefix_cache import PrefixCache
+from kvlab.scenarios import Outcome
+from kvlab.scenarios.checks import LiveRequests, OpFields, check_op
 
+NAME = "prefix-cache"
 CONFIG_KEYS = ("block_size", "num_blocks", "null_block", "hash")
 MAX_BLOCKS = 2**20  # a replay builds every block up front; a million is more than any scenario needs
-OP_FIELDS: dict[str, tuple[set[str], set[str]]] = {  # op -> (required fields, optional fields)
+OP_FIELDS: OpFields = {
     "alloc": ({"req", "tokens"}, {"cache_salt"}),
     "append": ({"req", "tokens"}, set()),
     "free": ({"req"}, set()),
     "probe": ({"tokens"}, {"cache_salt"}),
 }
+FREE_LIST_NAME = "free queue"  # what the model calls its free blocks in order
+UNSUPPORTED: dict[str, str] = {}  # Playground options this model lacks, with why (it has them all)
+
+
+def default_config(
+    num_blocks: int, block_size: int, *, null_block: bool = False, hash_scheme: str = "lesson"
+) -> dict[str, Any]:
+    """The config of a pool of ``num_blocks`` blocks of ``block_size`` tokens, as a scenario writes it."""
+    check_bool("null_block", null_block)
+    return {"block_size": block_size, "num_blocks": num_blocks, "null_block": null_block, "hash": hash_scheme}
 
 
 def replay(config: dict[str, Any], ops: list[Any]) -> list[dict[str, Any]]:
     """Apply ``ops`` to a fresh ``PrefixCache`` built from ``config``; one JSON-ready record per op."""
-    cache = _build(config)
-    live: set[str] = set()
-    freed: set[str] = set()
-    records: list[dict[str, Any]] = []
+    run = Run(config)
     if not isinstance(ops, list):
         raise ScenarioError("'ops' must be a list of operations")
-    for index, op in enumerate(ops):
-        _check_op(op, index)
+    return [run.apply(op, index).record for index, op in enumerate(ops)]
+
+
+class Run:
+    """A ``PrefixCache`` built from a scenario's config, taking its ops one at a time."""
+
+    def __init__(self, config: Any, *, record: bool = False) -> None:
+        self.model = _build(config, record=record)
+        self._requests = LiveRequests()
+
+    def apply(self, op: Any, index: int) -> Outcome:
+        """Check ``op`` completely, then apply it; a refused alloc or append is ``ok: false``."""
+        check_op(op, index, OP_FIELDS)
         name = op["op"]
         req = op.get("req")
-        if name == "alloc" and req in live:
-            raise ScenarioError(f"request {req!r} is already allocated; free it first or use a new id", index)
-        if name in ("append", "free") and req not in live:
-            if req in freed:
-                what = "a double free" if name == "free" else "an append after free"
-                raise ScenarioError(f"request {req!r} was already freed ({what})", index)
-            raise ScenarioError(f"unknown request {req!r}: allocate it first", index)
+        if name == "alloc":
+            self._requests.check_new(req, index)
+        elif name in ("append", "free"):
+            self._requests.check_live(name, req, index)
         try:
-            records.append(_apply(cache, op))
+            outcome = _apply(self.model, op)
         except KvlabError as exc:  # a check above should have caught it; keep the index anyway
             raise ScenarioError(str(exc), index) from None
-        if name == "alloc" and records[-1]["ok"]:
-            live.add(req)
-            freed.discard(req)
+        if name == "alloc" and outcome.record["ok"]:
+            self._requests.added(req)
         elif name == "free":
-            live.discard(req)
-            freed.add(req)
-    return records
+            self._requests.removed(req)
+        return outcome
 
 
-def _build(config: Any) -> PrefixCache:
+def _build(config: Any, *, record: bool) -> PrefixCache:
     if not isinstance(config, dict):
         raise ScenarioError("'config' must be an object")
     unknown = sorted(set(config) - set(CONFIG_KEYS))
@@ -88,61 +106,36 @@ def _build(config: Any) -> PrefixCache:
             raise ScenarioError(f"config needs '{key}' (an integer >= 1)")
         value = config[key]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ScenarioError(f"config '{key}' must be an integer >= 1, got {_brief(value)}")
+            raise ScenarioError(f"config '{key}' must be an integer >= 1, got {brief(value)}")
     if config["num_blocks"] > MAX_BLOCKS:
         raise ScenarioError(
             f"config 'num_blocks' = {config['num_blocks']} is too large: use at most {MAX_BLOCKS}"
         )
     null_block = config.get("null_block", False)
     if not isinstance(null_block, bool):
-        raise ScenarioError(f"config 'null_block' must be true or false, got {_brief(null_block)}")
+        raise ScenarioError(f"config 'null_block' must be true or false, got {brief(null_block)}")
     scheme = config.get("hash", "lesson")
     if scheme not in SCHEMES:
         raise ScenarioError(
-            f"config 'hash' must be one of {', '.join(map(repr, SCHEMES))}, got {_brief(scheme)}"
+            f"config 'hash' must be one of {', '.join(map(repr, SCHEMES))}, got {brief(scheme)}"
         )
-    return PrefixCache(config["num_blocks"], config["block_size"], null_block=null_block, hash_scheme=scheme)
+    try:
+        return PrefixCache(
+            config["num_blocks"],
+            config["block_size"],
+            null_block=null_block,
+            hash_scheme=scheme,
+            record=record,
+        )
+    except InvalidArgumentError as exc:
+        raise ScenarioError(f"config: {exc}") from None
 
 
-def _check_op(op: Any, index: int) -> None:
-    """Reject a malformed op with a message that says what to write instead."""
-    if not isinstance(op, dict):
-        raise ScenarioError(f'each op must be an object like {{"op": "alloc", ...}}, got {_brief(op)}', index)
-    name = op.get("op")
-    if not isinstance(name, str) or name not in OP_FIELDS:
-        raise ScenarioError(f"unknown op {_brief(name)}: use one of {', '.join(OP_FIELDS)}", index)
-    required, optional = OP_FIELDS[name]
-    missing = sorted(required - set(op))
-    if missing:
-        raise ScenarioError(f"{name} needs field(s) {missing}", index)
-    extra = sorted(set(op) - required - optional - {"op"})
-    if extra:
-        allowed = ", ".join(sorted(required | optional))
-        raise ScenarioError(f"{name} does not take field(s) {extra}; it takes {allowed}", index)
-    if "req" in op and (not isinstance(op["req"], str) or not op["req"]):
-        raise ScenarioError(f"'req' must be a non-empty string, got {_brief(op['req'])}", index)
-    if "tokens" in op:
-        tokens = op["tokens"]
-        if not isinstance(tokens, list):
-            raise ScenarioError(f"'tokens' must be a list of integer token ids, got {_brief(tokens)}", index)
-        if not tokens:
-            what = "a prompt" if name in ("alloc", "probe") else "an append"
-            raise ScenarioError(f"'tokens' is empty: {what} needs at least one token", index)
-        for i, t in enumerate(tokens):
-            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= MAX_TOKEN_ID:
-                raise ScenarioError(
-                    f"tokens[{i}] = {_brief(t)} is not a token id (an integer 0..{MAX_TOKEN_ID})", index
-                )
-    if "cache_salt" in op and op["cache_salt"] is not None:
-        salt = op["cache_salt"]
-        if not isinstance(salt, str) or not salt:
-            raise ScenarioError(f"'cache_salt' must be a non-empty string, got {_brief(salt)}", index)
-
-
-def _apply(cache: PrefixCache, op: dict[str, Any]) -> dict[str, Any]:
+def _apply(cache: PrefixCache, op: dict[str, Any]) -> Outcome:
     name = op["op"]
     req = op.get("req")
     salt = op.get("cache_salt")
+    refused = None
     record: dict[str, Any] = {
         "op": name,
         "req": req,
@@ -165,10 +158,11 @@ def _apply(cache: PrefixCache, op: dict[str, Any]) -> dict[str, Any]:
                 result = cache.allocate(req, op["tokens"], salt)
             else:
                 result = cache.append(req, op["tokens"])
-        except OutOfBlocksError:
+        except OutOfBlocksError as exc:
             record["ok"] = False
+            refused = str(exc)
             if name == "alloc":
-                found = cache.probe(op["tokens"], salt)  # the lookup vLLM did before refusing
+                found = cache.lookup(op["tokens"], salt)  # the lookup vLLM did before refusing
                 record.update(
                     num_cached_tokens=found.num_cached_tokens, hit_block_ids=list(found.hit_block_ids)
                 )
@@ -183,10 +177,4 @@ def _apply(cache: PrefixCache, op: dict[str, Any]) -> dict[str, Any]:
                 evicted=list(result.evicted),
             )
     record["free_queue"] = cache.free_queue()
-    return record
-
-
-def _brief(value: Any, limit: int = 60) -> str:
-    """``repr(value)``, cut short so an error stays one readable line."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return Outcome(record, refused)

@@ -38,7 +38,9 @@ from typing import Any
 
 from kvlab.errors import InvalidArgumentError, KvlabError, ScenarioError, check_int, check_tokens
 from kvlab.models.radix import RadixNode, RadixTree
+from kvlab.scenarios import Outcome
 
+NAME = "radix"
 CONFIG_KEYS = ("page_size",)
 OP_FIELDS = {
     "insert": ("tokens", "extra_key"),
@@ -58,17 +60,26 @@ REQUIRED = {
 
 def replay(config: dict[str, Any], ops: list[Any]) -> list[dict[str, Any]]:
     """Apply ``ops`` to a fresh tree built from ``config``; one record per op."""
-    tree = RadixTree(page_size=_page_size(config))
+    run = Run(config)
     if not isinstance(ops, list):
         raise ScenarioError("'ops' must be a list of operations")
-    handles: dict[str, RadixNode] = {}
-    records = []
-    for index, op in enumerate(ops):
+    return [run.apply(op, index).record for index, op in enumerate(ops)]
+
+
+class Run:
+    """A ``RadixTree`` built from a scenario's config, and the node handles its matches named."""
+
+    def __init__(self, config: Any, *, record: bool = False) -> None:
+        page_size = _page_size(config)
+        self.model = RadixTree(page_size=page_size, record=True) if record else RadixTree(page_size=page_size)
+        self.handles: dict[str, RadixNode] = {}
+
+    def apply(self, op: Any, index: int) -> Outcome:
+        """Apply one op; a bad op raises ScenarioError naming ``index``, having changed nothing."""
         try:
-            records.append(_apply(tree, handles, op))
+            return Outcome(_apply(self.model, self.handles, op))
         except KvlabError as exc:
             raise ScenarioError(str(exc), index) from None
-    return records
 
 
 def _page_size(config: object) -> int:

@@ -173,17 +173,3 @@ def run_agent(
         out.append(AgentTurn(turn + 1, len(prompt), hit, len(prompt) - hit, lcp))
         cached = prompt
     return AgentRun(name, tuple(out))
-
-
-def example_13(server_ctx: int | None = None) -> dict[str, AgentRun]:
-    """The lesson's three policies over 20 turns (2,000-token prefix, 400-token results).
-
-    With ``server_ctx`` each policy runs through its own one-slot ``SlotServer`` of that context size.
-    """
-    policies: list[HistoryPolicy] = [AppendOnly(), KeepLast(5), SummarizeOnce(12)]
-    runs = {}
-    for p in policies:
-        server = None if server_ctx is None else SlotServer(1, n_ctx=server_ctx, cache_ram_mib=0)
-        run = run_agent(p, server=server)
-        runs[run.name] = run
-    return runs

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from kvlab.core import hashing
 from kvlab.core.workloads import JavaRandom, java_list_hash
-from kvlab.errors import InvalidArgumentError, check_int, check_tokens
+from kvlab.errors import InvalidArgumentError, check_bool, check_choice, check_int, check_tokens
 
 SCHEMES = ("java", "lesson", "vllm")
 _LONG = 1 << 64
@@ -140,8 +140,7 @@ def system_prompt() -> Segment:
 
 def tool_definitions(*, shuffled: bool = False) -> Segment:
     """The tools in a fixed order, or reshuffled every turn (a tool list built from an unordered map)."""
-    if not isinstance(shuffled, bool):
-        raise InvalidArgumentError("shuffled must be True or False")
+    check_bool("shuffled", shuffled)
 
     def build(s: AgentSession, t: int) -> list[int]:
         tools = s.tools()
@@ -162,18 +161,6 @@ def history() -> Segment:
 
 def new_message() -> Segment:
     return Segment("new message", lambda s, t: s.message(t))
-
-
-LESSON_LAYOUTS: dict[str, Callable[[], list[Segment]]] = {
-    "stable prefix": lambda: [system_prompt(), tool_definitions(), history(), new_message()],
-    "timestamp first": lambda: [timestamp(), system_prompt(), tool_definitions(), history(), new_message()],
-    "tools in random order": lambda: [
-        system_prompt(),
-        tool_definitions(shuffled=True),
-        history(),
-        new_message(),
-    ],
-}
 
 
 @dataclass(frozen=True)
@@ -247,8 +234,7 @@ def _segment_at(spans: Sequence[SegmentSpan], pos: int) -> str | None:
 
 def chained_hashes(tokens: Sequence[int], block_size: int, scheme: str = "lesson") -> list[object]:
     """One chained hash per full block of ``tokens``, under ``scheme`` (see the module docstring)."""
-    if scheme not in SCHEMES:
-        raise InvalidArgumentError(f"unknown scheme {scheme!r}: use one of {', '.join(SCHEMES)}")
+    scheme = check_choice("scheme", scheme, SCHEMES)
     if scheme != "java":
         return list(hashing.block_hashes(tokens, block_size, scheme=scheme))
     toks = check_tokens("tokens", tokens, allow_empty=True)
@@ -283,8 +269,7 @@ def run_layout(
         raise InvalidArgumentError("name must be a string")
     check_int("turns", turns, minimum=1)
     check_int("block_size", block_size, minimum=1)
-    if scheme not in SCHEMES:
-        raise InvalidArgumentError(f"unknown scheme {scheme!r}: use one of {', '.join(SCHEMES)}")
+    scheme = check_choice("scheme", scheme, SCHEMES)
     if session is None:
         session = AgentSession()
     elif not isinstance(session, AgentSession):
@@ -343,8 +328,3 @@ def _run(
         previous = prompt
         session.end_turn(turn)
     return LayoutRun(name, tuple(out), block_size, scheme)
-
-
-def example_9(scheme: str = "lesson") -> dict[str, LayoutRun]:
-    """The lesson's three layouts over 10 turns with 16-token blocks."""
-    return {name: run_layout(make(), name=name, scheme=scheme) for name, make in LESSON_LAYOUTS.items()}

@@ -40,7 +40,16 @@ from pathlib import Path
 
 import numpy as np
 
-from kvlab.errors import InvalidArgumentError, SlotBusyError, SlotFileError, check_int, check_tokens
+from kvlab.errors import (
+    InvalidArgumentError,
+    SlotBusyError,
+    SlotFileError,
+    brief,
+    check_choice,
+    check_int,
+    check_tokens,
+)
+from kvlab.server.slots import SlotServer
 
 MAGIC = b"KVLABSLT"
 FORMAT_VERSION = 1
@@ -66,10 +75,7 @@ class ModelShape:
         check_int("n_layers", self.n_layers, minimum=1)
         check_int("n_kv_heads", self.n_kv_heads, minimum=1)
         check_int("head_dim", self.head_dim, minimum=1)
-        if self.dtype not in DTYPES:
-            raise InvalidArgumentError(
-                f"dtype {self.dtype!r} is not supported: use one of {', '.join(DTYPES)}"
-            )
+        check_choice("dtype", self.dtype, tuple(DTYPES))
 
     @property
     def itemsize(self) -> int:
@@ -306,8 +312,6 @@ def save_slot(
     seed: int = 0,
 ) -> SlotActionResult:
     """``POST /slots/{slot_id}?action=save``: write the slot's tokens and (stand-in) KV to a file."""
-    from kvlab.server.slots import SlotServer
-
     if not isinstance(server, SlotServer):
         raise InvalidArgumentError("server must be a kvlab.server.slots.SlotServer")
     tokens = server.slot_tokens(slot_id)
@@ -327,8 +331,6 @@ def restore_slot(
     shape: ModelShape = TINY_MODEL,
 ) -> SlotActionResult:
     """``POST /slots/{slot_id}?action=restore``: load a file into an idle slot; nothing changes on error."""
-    from kvlab.server.slots import SlotServer
-
     if not isinstance(server, SlotServer):
         raise InvalidArgumentError("server must be a kvlab.server.slots.SlotServer")
     server.slot_tokens(slot_id)  # validates the slot id
@@ -398,7 +400,7 @@ def offload_estimate(
         ("gpu_efficiency", gpu_efficiency),
     ):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-            raise InvalidArgumentError(f"{name} must be a positive number, got {v!r}")
+            raise InvalidArgumentError(f"{name} must be a positive number, got {brief(v)}")
     if gpu_efficiency > 1:
         raise InvalidArgumentError(f"gpu_efficiency is a fraction of peak (0 to 1], got {gpu_efficiency}")
     return OffloadEstimate(
@@ -410,26 +412,6 @@ def offload_estimate(
         float(gpu_flops),
         float(gpu_efficiency),
     )
-
-
-LESSON_PREFIX_TOKENS = 748
-LESSON_BYTES_WRITTEN = 778_060  # recorded by llama-server's save (its own header differs from kvlab's)
-
-
-def arithmetic_report(n_tokens: int = LESSON_PREFIX_TOKENS, written: int = LESSON_BYTES_WRITTEN) -> list[str]:
-    """The lesson's four lines: the tiny model's per-token bytes, and the 8B model's file and times."""
-    check_int("n_tokens", n_tokens, minimum=0)
-    check_int("written", written, minimum=0)
-    t = TINY_MODEL
-    est = offload_estimate(n_tokens, LLAMA_8B.kv_bytes_per_token)
-    return [
-        f"tiny model: {t.kv_bytes_per_token} B KV + {TOKEN_ID_BYTES} B token id + {CELL_META_BYTES} B cell metadata"
-        f" = {t.file_bytes_per_token} B per token",
-        f"predicted {n_tokens * t.file_bytes_per_token} B + header; written {written} B",
-        f"8B shape: {est.file_mib:.1f} MiB file; read at {est.read_bytes_per_s / 1e9:g} GB/s: {est.read_ms:.1f} ms",
-        f"recompute on an 8-core CPU at {est.cpu_flops / 1e12:.2f} TFLOP/s peak: {est.cpu_recompute_s:.1f} s; "
-        f"on an RTX 4090 at {est.gpu_efficiency:.0%} of {est.gpu_flops / 1e12:.1f} TFLOP/s: {est.gpu_recompute_ms:.1f} ms",
-    ]
 
 
 def _check_shape(shape: object) -> None:

@@ -33,7 +33,11 @@ prefix (LCP) of that list and its own prompt. This model follows
 Not modelled: ``--cache-reuse`` chunk shifting, context shift, the RAM cache's
 token-count limit, speculative decoding, multimodal chunks. Token ids are
 whatever the caller passes; ``kvlab.core.chat_format`` gives a deterministic tokenizer
-and ChatML template so conversations can be replayed (``replay_chat``).
+and ChatML template so conversations can be replayed (``kvlab.server.conversation.replay_chat``).
+
+With ``record=True`` every operation adds a step to ``history``: a ``SlotServerState``
+(``kvlab.core.snapshots``) and an ``Event`` of kind ``slots.init``, ``slots.place``,
+``slots.finish``, ``slots.restore`` or ``slots.erase``; ``kvlab.views.text.slots`` words them.
 """
 
 from __future__ import annotations
@@ -42,8 +46,7 @@ import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from kvlab.core.chat_format import Message, Tokenizer, render, reply_tokens
-from kvlab.core.snapshots import History
+from kvlab.core.snapshots import Event, History, RamEntry, RequestRecord, SlotServerState, SlotState
 from kvlab.core.workloads import JavaRandom, java_list_hash
 from kvlab.errors import (
     DuplicateRequestError,
@@ -51,6 +54,8 @@ from kvlab.errors import (
     KvlabError,
     SlotBusyError,
     UnknownRequestError,
+    brief,
+    check_bool,
     check_int,
     check_tokens,
 )
@@ -75,64 +80,6 @@ def default_reply(prompt: Sequence[int], n: int) -> list[int]:
     """Deterministic stand-in for greedy sampling: ``n`` ids seeded by the prompt's list hash."""
     rnd = JavaRandom(java_list_hash(list(prompt)))
     return [1000 + rnd.next_int(30000) for _ in range(n)]
-
-
-@dataclass(frozen=True)
-class RequestRecord:
-    """What one request did; the server's ``timings`` counters plus how the slot was chosen.
-
-    ``selected_by`` is ``"lcp"`` (prompt similarity), ``"lru"`` or ``"id"`` (the
-    request named a slot). ``similarity`` is the chosen slot's LCP / prompt length
-    when chosen by similarity. ``ram_saved`` / ``ram_loaded`` say whether the slot's
-    old tokens went to the RAM cache and whether a cached prompt came back from it.
-    """
-
-    request_id: str
-    slot_id: int
-    selected_by: str
-    similarity: float | None
-    prompt_tokens: int
-    cache_n: int
-    prompt_n: int
-    max_tokens: int
-    ram_saved: bool = False
-    ram_loaded: bool = False
-    n_generated: int = 0
-    finished: bool = False
-
-    @property
-    def tokens_evaluated(self) -> int:
-        return self.prompt_tokens
-
-
-@dataclass(frozen=True)
-class SlotState:
-    slot_id: int
-    tokens: tuple[int, ...]
-    request_id: str | None  # the request it is processing, None when idle
-    t_last_used: int  # logical time of its last release, -1 if never used
-
-    @property
-    def n_tokens(self) -> int:
-        return len(self.tokens)
-
-
-@dataclass(frozen=True)
-class RamEntry:
-    tokens: tuple[int, ...]
-    size_bytes: int
-
-
-@dataclass(frozen=True)
-class SlotServerState:
-    slots: tuple[SlotState, ...]
-    ram_cache: tuple[RamEntry, ...]  # oldest first (evicted first)
-    ram_limit_bytes: int
-    last: RequestRecord | None = None
-
-    @property
-    def ram_bytes(self) -> int:
-        return sum(e.size_bytes for e in self.ram_cache)
 
 
 @dataclass
@@ -163,8 +110,8 @@ class SlotServer:
         check_int("n_ctx", n_ctx, minimum=2)
         check_int("cache_ram_mib", cache_ram_mib, minimum=0)
         check_int("state_bytes_per_token", state_bytes_per_token, minimum=1)
-        _check_bool("cache_prompt", cache_prompt)
-        _check_bool("record", record)
+        check_bool("cache_prompt", cache_prompt)
+        check_bool("record", record)
         if isinstance(slot_prompt_similarity, bool) or not isinstance(slot_prompt_similarity, (int, float)):
             raise InvalidArgumentError("slot_prompt_similarity must be a number between 0 and 1")
         if not 0.0 <= slot_prompt_similarity <= 1.0:
@@ -185,7 +132,7 @@ class SlotServer:
         self._ids = itertools.count()
         self._records: dict[str, RequestRecord] = {}
         self.history: History[SlotServerState] | None = History() if record else None
-        self._snap("start")
+        self._snap(Event.of("slots.init", n_slots=n_slots))
 
     # ------------------------------------------------------------------ queries
 
@@ -262,7 +209,7 @@ class SlotServer:
         check_int("id_slot", id_slot, minimum=-1)
         if cache_prompt is None:
             cache_prompt = self.cache_prompt
-        _check_bool("cache_prompt", cache_prompt)
+        check_bool("cache_prompt", cache_prompt)
         if id_slot >= self.n_slots:
             raise InvalidArgumentError(
                 f"id_slot {id_slot} does not exist: this server has {self.n_slots} slot(s)"
@@ -331,7 +278,14 @@ class SlotServer:
         )
         self._records[request_id] = rec
         self._snap(
-            f"{request_id} on slot {slot.slot_id} ({selected_by}): cache_n {n_past}, prompt_n {rec.prompt_n}"
+            Event.of(
+                "slots.place",
+                request_id=request_id,
+                slot_id=slot.slot_id,
+                selected_by=selected_by,
+                cache_n=n_past,
+                prompt_n=rec.prompt_n,
+            )
         )
         return rec
 
@@ -339,7 +293,7 @@ class SlotServer:
         """Generate the reply of a running request and release its slot."""
         rec = self._records.get(request_id) if isinstance(request_id, str) else None
         if rec is None:
-            raise UnknownRequestError(f"no request {request_id!r}; start it first")
+            raise UnknownRequestError(f"no request {brief(request_id)}; start it first")
         if rec.finished:
             raise InvalidArgumentError(f"request {request_id!r} has already finished")
         slot = self._slots[rec.slot_id]
@@ -353,7 +307,13 @@ class SlotServer:
         rec = replace(rec, n_generated=len(gen), finished=True)
         self._records[request_id] = rec
         self._snap(
-            f"{request_id} done: {len(gen)} sampled, slot {slot.slot_id} keeps {len(slot.tokens)} tokens"
+            Event.of(
+                "slots.finish",
+                request_id=request_id,
+                slot_id=slot.slot_id,
+                n_generated=len(gen),
+                n_tokens=len(slot.tokens),
+            )
         )
         return rec
 
@@ -368,7 +328,7 @@ class SlotServer:
         if len(toks) > self.n_ctx:
             raise InvalidArgumentError(f"{len(toks)} tokens do not fit a slot of {self.n_ctx}")
         slot.tokens = toks
-        self._snap(f"slot {slot_id} restored with {len(toks)} tokens")
+        self._snap(Event.of("slots.restore", slot_id=slot_id, n_tokens=len(toks)))
 
     def erase(self, slot_id: int) -> int:
         """Empty an idle slot (``/slots/N?action=erase``); returns how many tokens it held."""
@@ -377,7 +337,7 @@ class SlotServer:
             raise SlotBusyError(f"slot {slot_id} is busy with {slot.request_id}; erase it when idle")
         n = len(slot.tokens)
         slot.tokens = []
-        self._snap(f"slot {slot_id} erased ({n} tokens)")
+        self._snap(Event.of("slots.erase", slot_id=slot_id, n_tokens=n))
         return n
 
     # ------------------------------------------------------------------ internals
@@ -453,216 +413,6 @@ class SlotServer:
         while len(self._ram) > 1 and sum(e.size_bytes for e in self._ram) > self.ram_limit_bytes:
             self._ram.pop(0)
 
-    def _snap(self, caption: str) -> None:
+    def _snap(self, event: Event) -> None:
         if self.history is not None:
-            self.history.add(caption, self.state())
-
-
-def _check_bool(name: str, value: object) -> None:
-    if not isinstance(value, bool):
-        raise InvalidArgumentError(f"{name} must be True or False, got {value!r}")
-
-
-# ---------------------------------------------------------------------- conversations (example 10)
-
-
-@dataclass(frozen=True)
-class TurnCounters:
-    """One response's counters: ``usage.prompt_tokens``, ``timings.cache_n``, ``timings.prompt_n``."""
-
-    prompt_tokens: int
-    cache_n: int
-    prompt_n: int
-
-
-# the lesson's recorded values (llama-server, tiny qwen2-vocab model, -np 1 --cache-ram 0, max_tokens 8)
-LESSON_MAX_TOKENS = 8
-LESSON_APPEND_ONLY = (
-    TurnCounters(34, 0, 34),
-    TurnCounters(56, 41, 15),
-    TurnCounters(78, 63, 15),
-    TurnCounters(100, 85, 15),
-)
-LESSON_CLOCK = (
-    TurnCounters(46, 3, 43),
-    TurnCounters(68, 10, 58),
-    TurnCounters(90, 10, 80),
-    TurnCounters(112, 10, 102),
-)
-# the same experiment on another build (shared/notes/llama-server.md): cache_n = previous + 8 - 1 again
-NOTES_APPEND_ONLY = (
-    TurnCounters(76, 0, 76),
-    TurnCounters(134, 83, 51),
-    TurnCounters(184, 141, 43),
-    TurnCounters(248, 191, 57),
-)
-
-
-def predicted_cache_n(prompt_tokens: Sequence[int], max_tokens: int) -> list[int]:
-    """The append-only rule: turn 1 finds nothing, later turns find previous prompt + max_tokens - 1."""
-    sizes = check_tokens("prompt_tokens", prompt_tokens)
-    check_int("max_tokens", max_tokens, minimum=1)
-    if any(p < 1 for p in sizes):
-        raise InvalidArgumentError("prompt sizes must be positive")
-    return [0] + [p + max_tokens - 1 for p in sizes[:-1]]
-
-
-def tokens_processed(turns: Sequence[TurnCounters]) -> int:
-    """Prompt tokens the server computed over a run: the sum of ``prompt_n``."""
-    return sum(t.prompt_n for t in turns)
-
-
-def arithmetic_report(
-    append_only: Sequence[TurnCounters] = LESSON_APPEND_ONLY,
-    clock: Sequence[TurnCounters] = LESSON_CLOCK,
-    max_tokens: int = LESSON_MAX_TOKENS,
-) -> list[str]:
-    """The lesson's check of recorded counters against the rule, one line per turn plus the totals."""
-    if not append_only or not clock:
-        raise InvalidArgumentError("give at least one turn for each run")
-    sizes = [t.prompt_tokens for t in append_only]
-    predicted = predicted_cache_n(sizes, max_tokens)
-    lines = []
-    for i, t in enumerate(append_only):
-        added = t.prompt_tokens - (sizes[i - 1] if i else 0)
-        lines.append(
-            f"turn {i + 1}: +{added:2d} tokens, predicted cache_n {predicted[i]:3d}, "
-            f"observed {t.cache_n:3d}, processed {t.prompt_tokens - t.cache_n:3d}"
-        )
-    lines.append(
-        f"tokens processed over {len(append_only)} turns: append-only {tokens_processed(append_only)}, "
-        f"timestamp in system prompt {tokens_processed(clock)}"
-    )
-    return lines
-
-
-@dataclass(frozen=True)
-class ChatTurn:
-    turn: int  # 1-based
-    prompt_tokens: int
-    cache_n: int
-    prompt_n: int
-    predicted_cache_n: int  # previous prompt + max_tokens - 1 (0 on turn 1)
-    reply: str
-
-    @property
-    def counters(self) -> TurnCounters:
-        return TurnCounters(self.prompt_tokens, self.cache_n, self.prompt_n)
-
-
-def replay_chat(
-    user_messages: Sequence[str],
-    *,
-    system: str,
-    server: SlotServer,
-    tokenizer: Tokenizer,
-    max_tokens: int = LESSON_MAX_TOKENS,
-    clock: Callable[[int], str] | None = None,
-) -> list[ChatTurn]:
-    """Run a chat through ``server`` turn by turn, as the lesson's client did.
-
-    Each turn sends the whole history plus a new user message, rendered with the
-    ChatML template, and appends the reply (the text of the sampled tokens) to the
-    history. ``clock(turn)`` (0-based) is put at the start of the system prompt,
-    like the lesson's "Time: 10:00:00." run.
-    """
-    if (
-        isinstance(user_messages, str)
-        or not all(isinstance(m, str) for m in user_messages)
-        or not user_messages
-    ):
-        raise InvalidArgumentError("user_messages must be a non-empty list of strings")
-    if not isinstance(system, str):
-        raise InvalidArgumentError("system must be a string")
-    if not isinstance(server, SlotServer) or not isinstance(tokenizer, Tokenizer):
-        raise InvalidArgumentError("server must be a SlotServer and tokenizer a kvlab Tokenizer")
-    check_int("max_tokens", max_tokens, minimum=1)
-    if clock is not None and not callable(clock):
-        raise InvalidArgumentError("clock must be a callable turn -> text, or None")
-    history: list[Message] = []
-    out: list[ChatTurn] = []
-    prev = 0
-    for i, text in enumerate(user_messages):
-        head = clock(i) if clock is not None else ""
-        msgs = [Message("system", head + system), *history, Message("user", text)]
-        prompt = render(msgs, tokenizer)
-        gen = reply_tokens(tokenizer, prompt.tokens, min(max_tokens, server.n_ctx - len(prompt)))
-        rec = server.complete(prompt.tokens, max_tokens=max_tokens, generated=gen)
-        reply = tokenizer.decode(gen)
-        out.append(
-            ChatTurn(
-                i + 1, rec.prompt_tokens, rec.cache_n, rec.prompt_n, prev + max_tokens - 1 if i else 0, reply
-            )
-        )
-        prev = rec.prompt_tokens
-        history += [Message("user", text), Message("assistant", reply)]
-    return out
-
-
-EXAMPLE_SYSTEM = "You are a coding agent. Read files with the tools and answer briefly."
-EXAMPLE_MESSAGES = (
-    "List the files in src.",
-    "Open Main.java and summarize it.",
-    "Which function parses the config?",
-    "Run the tests and report failures.",
-)
-
-
-def clock_at_ten(turn: int) -> str:
-    """The lesson's clock line: "Time: 10:00:00. ", one minute later each turn."""
-    return f"Time: 10:{turn:02d}:00. "
-
-
-@dataclass(frozen=True)
-class Example10:
-    """Example 10 side by side: the lesson's recorded counters and kvlab's own replay."""
-
-    lesson_append_only: tuple[TurnCounters, ...]
-    lesson_clock: tuple[TurnCounters, ...]
-    kvlab_append_only: tuple[ChatTurn, ...]
-    kvlab_clock: tuple[ChatTurn, ...]
-    max_tokens: int
-
-    def rows(self) -> list[dict[str, object]]:
-        """One row per (run, turn) with both sources, for a table or a plot."""
-        out: list[dict[str, object]] = []
-        for run, lesson, ours in (
-            ("append-only", self.lesson_append_only, self.kvlab_append_only),
-            ("clock in system prompt", self.lesson_clock, self.kvlab_clock),
-        ):
-            for i, (a, b) in enumerate(zip(lesson, ours, strict=False)):
-                out.append(
-                    {
-                        "run": run,
-                        "turn": i + 1,
-                        "lesson_prompt_tokens": a.prompt_tokens,
-                        "lesson_cache_n": a.cache_n,
-                        "lesson_prompt_n": a.prompt_n,
-                        "kvlab_prompt_tokens": b.prompt_tokens,
-                        "kvlab_cache_n": b.cache_n,
-                        "kvlab_prompt_n": b.prompt_n,
-                    }
-                )
-        return out
-
-
-def example_10(max_tokens: int = LESSON_MAX_TOKENS) -> Example10:
-    """Replay the lesson's two runs on one slot (``-np 1 --cache-ram 0``), append-only first.
-
-    The clock run starts on the slot the append-only run left behind, so its
-    first turn matches only ``<|im_start|>system\\n`` (3 tokens), as in the lesson.
-    """
-    server = SlotServer(1, cache_ram_mib=0)
-    tok = Tokenizer()
-    plain = replay_chat(
-        EXAMPLE_MESSAGES, system=EXAMPLE_SYSTEM, server=server, tokenizer=tok, max_tokens=max_tokens
-    )
-    timed = replay_chat(
-        EXAMPLE_MESSAGES,
-        system=EXAMPLE_SYSTEM,
-        server=server,
-        tokenizer=tok,
-        max_tokens=max_tokens,
-        clock=clock_at_ten,
-    )
-    return Example10(LESSON_APPEND_ONLY, LESSON_CLOCK, tuple(plain), tuple(timed), max_tokens)
+            self.history.add(event, self.state())

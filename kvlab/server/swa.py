@@ -50,17 +50,22 @@ prompt that gives checkpoints at 1,325 and 1,837 tokens, covering [557, 1324] an
 Simplifications: one slot and one sequence; the full-attention layers are not
 drawn (they keep every position); a restored checkpoint's cells are laid out
 from cell 0 in position order; generated tokens are decoded one per step.
+
+Every step is recorded in ``SwaSlot.history``: a ``SwaState`` (``kvlab.core.snapshots``, with
+``Checkpoint`` and ``EMPTY``) and an ``Event`` of kind ``swa.init``, ``swa.reuse`` (what the
+request could keep), ``swa.batch`` (one prompt batch, and the checkpoint taken before it) or
+``swa.sample``; ``kvlab.views.text.swa`` words them. llama.cpp calls the ring the SWA part of
+``llama_kv_cache_iswa`` and a checkpoint ``server_prompt_checkpoint``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from kvlab.core.snapshots import History
-from kvlab.errors import InvalidArgumentError, KvlabError, check_int, check_tokens
-
-EMPTY = -1
+from kvlab.core.snapshots import EMPTY, Checkpoint, Event, History, SwaState
+from kvlab.errors import InvalidArgumentError, KvlabError, cdiv, check_bool, check_int, check_tokens
+from kvlab.server.slots import common_prefix
 
 
 def swa_cache_cells(
@@ -74,7 +79,7 @@ def swa_cache_cells(
     if swa_full:
         return n_ctx
     need = min(n_ctx, n_swa * n_seq + n_ubatch)
-    return -(-need // 256) * 256
+    return cdiv(need, 256) * 256
 
 
 @dataclass(frozen=True)
@@ -97,9 +102,8 @@ class SwaConfig:
         check_int("n_batch", self.n_batch, minimum=1)
         check_int("ctx_checkpoints", self.ctx_checkpoints, minimum=0)
         check_int("checkpoint_min_step", self.checkpoint_min_step, minimum=0)
-        for name in ("swa_full", "cache_prompt"):
-            if not isinstance(getattr(self, name), bool):
-                raise InvalidArgumentError(f"{name} must be True or False")
+        check_bool("swa_full", self.swa_full)
+        check_bool("cache_prompt", self.cache_prompt)
         if self.n_ubatch > self.n_batch:
             raise InvalidArgumentError(f"n_ubatch ({self.n_ubatch}) cannot exceed n_batch ({self.n_batch})")
 
@@ -110,20 +114,6 @@ class SwaConfig:
     @property
     def makes_checkpoints(self) -> bool:
         return self.ctx_checkpoints > 0 and not self.swa_full
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """A copy of the slot's SWA cells taken when ``n_tokens`` prompt tokens had been processed."""
-
-    pos_min: int
-    pos_max: int
-    n_tokens: int
-    cells: tuple[int, ...] = field(default=(), repr=False, compare=False)
-
-    @property
-    def span(self) -> tuple[int, int]:
-        return (self.pos_min, self.pos_max)
 
 
 @dataclass(frozen=True)
@@ -151,28 +141,6 @@ class SwaRequestRecord:
     batches: tuple[tuple[int, int], ...]  # [start, end) of each prompt batch
     created: tuple[Checkpoint, ...]
     n_generated: int
-
-
-@dataclass(frozen=True)
-class SwaState:
-    """The slot after one step: ring cells (positions, -1 empty), head, tokens held, checkpoints."""
-
-    cells: tuple[int, ...]
-    head: int
-    n_tokens: int
-    checkpoints: tuple[Checkpoint, ...]
-    batch: tuple[int, int] | None = None  # the batch this step decoded
-    created: Checkpoint | None = None  # checkpoint taken in this step
-    restored: Checkpoint | None = None
-
-    @property
-    def pos_min(self) -> int:
-        held = [p for p in self.cells if p != EMPTY]
-        return min(held) if held else EMPTY
-
-    @property
-    def pos_max(self) -> int:
-        return max(self.cells, default=EMPTY)
 
 
 class SwaRing:
@@ -251,7 +219,7 @@ class SwaSlot:
         self.checkpoints: list[Checkpoint] = []
         self.records: list[SwaRequestRecord] = []
         self.history: History[SwaState] = History()
-        self._snap(f"empty slot: {config.cells} SWA cells")
+        self._snap(Event.of("swa.init", cells=config.cells))
 
     # ------------------------------------------------------------------ the request
 
@@ -276,8 +244,7 @@ class SwaSlot:
         check_int("max_tokens", max_tokens, minimum=0)
         if cache_prompt is None:
             cache_prompt = cfg.cache_prompt
-        if not isinstance(cache_prompt, bool):
-            raise InvalidArgumentError("cache_prompt must be True or False")
+        check_bool("cache_prompt", cache_prompt)
         starts = check_tokens("user_starts", user_starts, allow_empty=True)
         if any(not 0 <= s < len(toks) for s in starts) or starts != sorted(set(starts)):
             raise InvalidArgumentError("user_starts must be increasing positions inside the prompt")
@@ -293,7 +260,7 @@ class SwaSlot:
             raise InvalidArgumentError(f"generated must hold 1 to {n_gen} tokens (max_tokens {max_tokens})")
 
         n = len(toks)
-        n_past = _lcp(self.tokens, toks) if cache_prompt else 0
+        n_past = common_prefix(self.tokens, toks) if cache_prompt else 0
         lcp = n_past
         pos_next = n_past
         threshold = max(0, pos_next - cfg.n_swa - (0 if n_past < n else 1))
@@ -322,14 +289,15 @@ class SwaSlot:
         cache_n = n_past
         self.tokens = toks[:n_past]
         self.ring.remove_from(n_past)
-        if forced:
-            what = "forcing full prompt re-processing"
-        elif restored is not None:
-            what = f"restored checkpoint [{restored.pos_min}, {restored.pos_max}]"
-        else:
-            what = "cache reused"
         self._snap(
-            f"common prefix {lcp}, needs positions from {threshold}: {what}; cache_n {cache_n}",
+            Event.of(
+                "swa.reuse",
+                common_prefix=lcp,
+                threshold=threshold,
+                forced_full=forced,
+                restored=None if restored is None else restored.span,
+                cache_n=cache_n,
+            ),
             restored=restored,
         )
 
@@ -338,7 +306,7 @@ class SwaSlot:
             self.ring.place([len(self.tokens)])
             self.tokens.append(t)
         if gen:
-            self._snap(f"sampled {len(gen)} token(s); the slot keeps {len(self.tokens)}")
+            self._snap(Event.of("swa.sample", n_sampled=len(gen), n_tokens=len(self.tokens)))
         rec = SwaRequestRecord(
             prompt_tokens=n,
             common_prefix=lcp,
@@ -405,23 +373,23 @@ class SwaSlot:
                 self.ring.place(range(u, min(end, u + cfg.n_ubatch)))
             self.tokens += toks[start:end]
             batches.append((start, end))
-            note = f"; checkpoint [{cp.pos_min}, {cp.pos_max}] at {cp.n_tokens} tokens" if cp else ""
-            self._snap(f"decoded batch [{start}, {end}){note}", batch=(start, end), created=cp)
+            self._snap(
+                Event.of(
+                    "swa.batch",
+                    start=start,
+                    end=end,
+                    checkpoint=None if cp is None else (cp.pos_min, cp.pos_max, cp.n_tokens),
+                ),
+                batch=(start, end),
+                created=cp,
+            )
         return batches, created
 
-    def _snap(self, caption: str, **kw: object) -> None:
+    def _snap(self, event: Event, **kw: object) -> None:
         self.history.add(
-            caption,
+            event,
             SwaState(tuple(self.ring.cells), self.ring.head, len(self.tokens), tuple(self.checkpoints), **kw),  # type: ignore[arg-type]
         )
-
-
-def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
-    m = min(len(a), len(b))
-    i = 0
-    while i < m and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def checkpoint_plan(
@@ -441,91 +409,3 @@ def checkpoint_usable(checkpoint: Checkpoint, n_past: int, n_swa: int) -> bool:
         raise InvalidArgumentError("checkpoint must be a Checkpoint")
     threshold = max(0, n_past - n_swa)
     return checkpoint.pos_max <= n_past and (checkpoint.pos_min < threshold or checkpoint.pos_min == 0)
-
-
-# ---------------------------------------------------------------------- the lesson's runs
-
-
-LESSON_PROMPT = 1841
-LESSON_SHARED = 350
-LESSON_SHORT = 354
-
-
-@dataclass(frozen=True)
-class Example12:
-    """The two requests on each server of the lesson, and the append-only follow-up."""
-
-    ctxcp0: tuple[SwaRequestRecord, SwaRequestRecord]
-    default: tuple[SwaRequestRecord, SwaRequestRecord]
-    swa_full: tuple[SwaRequestRecord, SwaRequestRecord]
-    follow_up: SwaRequestRecord  # on a default server, after the long request only
-    slots: dict[str, SwaSlot]
-
-    def report(self) -> list[str]:
-        """The lesson's reasoning, with every number taken from the simulation."""
-        short = self.default[1]
-        ring_start = short.ring_pos_min
-        lines = [
-            f"position {short.common_prefix} needs SWA entries from {short.threshold}; SWA cache starts at {ring_start}"
-        ]
-        lines += [
-            f"checkpoint [{c.pos_min}, {c.pos_max}]: {'usable' if c.usable else 'not usable'}"
-            for c in short.checks
-        ]
-        lines.append(
-            "forcing full prompt re-processing: cache_n = 0"
-            if short.forced_full
-            else f"reuse {short.cache_n} tokens"
-        )
-        f = self.follow_up
-        verdict = f"reuse all {f.cache_n} tokens" if not f.forced_full and f.restored is None else "reprocess"
-        lines.append(
-            f"append-only follow-up: needs SWA entries from {f.threshold}, cache starts at {f.ring_pos_min} -> {verdict}"
-        )
-        return lines
-
-
-def example_12(follow_up_tokens: int = 12) -> Example12:
-    """The lesson's three servers: ``-ctxcp 0``, the default, and ``--swa-full -ctxcp 0``.
-
-    Request 1 is 1,841 tokens, request 2 shares its first 350 and adds 4. The
-    first request samples one token, so the slot holds exactly its prompt.
-    """
-    check_int("follow_up_tokens", follow_up_tokens, minimum=1)
-    long_prompt = list(range(10_000, 10_000 + LESSON_PROMPT))
-    short_prompt = long_prompt[:LESSON_SHARED] + list(range(50_000, 50_000 + LESSON_SHORT - LESSON_SHARED))
-    out: dict[str, tuple[SwaRequestRecord, SwaRequestRecord]] = {}
-    slots: dict[str, SwaSlot] = {}
-    for name, cfg in (
-        ("ctxcp0", SwaConfig(ctx_checkpoints=0)),
-        ("default", SwaConfig()),
-        ("swa_full", SwaConfig(swa_full=True, ctx_checkpoints=0)),
-    ):
-        slot = SwaSlot(cfg)
-        out[name] = (slot.complete(long_prompt), slot.complete(short_prompt))
-        slots[name] = slot
-    follow = SwaSlot(SwaConfig())
-    follow.complete(long_prompt)
-    slots["follow_up"] = follow
-    rec = follow.complete(long_prompt + list(range(60_000, 60_000 + follow_up_tokens)))
-    return Example12(out["ctxcp0"], out["default"], out["swa_full"], rec, slots)
-
-
-NOTES_CHAT_PROMPT = 1800
-NOTES_USER_START = 345
-NOTES_CHAT_SECOND = 386
-
-
-def example_12_chat() -> tuple[SwaRequestRecord, SwaRequestRecord, SwaSlot]:
-    """The notes' chat-endpoint run: the last user message starts at token 345 in both requests.
-
-    The second request (350 shared tokens + 36) restores the checkpoint taken
-    where that message starts, with n_past one less than its n_tokens: cache_n
-    344, prompt_n 42; the two later checkpoints are erased.
-    """
-    first = list(range(20_000, 20_000 + NOTES_CHAT_PROMPT))
-    second = first[:LESSON_SHARED] + list(range(70_000, 70_000 + NOTES_CHAT_SECOND - LESSON_SHARED))
-    slot = SwaSlot(SwaConfig())
-    a = slot.complete(first, user_starts=[NOTES_USER_START])
-    b = slot.complete(second, user_starts=[NOTES_USER_START])
-    return a, b, slot

@@ -1,10 +1,15 @@
 """What a student looks at: plotly figures, kernel-free animations and live widgets over snapshots.
 
-Views only read ``kvlab.core.snapshots`` records; they never change a model.
+Views only read ``kvlab.core.snapshots`` records; they never change a model, and they compute no
+model facts (slot mappings, block hashes): those come in with the snapshot or from the caller.
 
-* ``*_figure(state, ...)``: one figure per concept (contiguous pool, block
-  pool with block tables, free queue, radix tree, hash chain, and bars/lines
-  for hit rates, tokens per turn, cache_n per turn, utilization).
+* ``*_figure(state, ...)``: one figure per concept, each in its own module
+  (``contiguous``, ``block_pool`` with the block tables, ``free_queue``,
+  ``radix_tree``, ``hash_chain``, ``charts`` for the bars and lines of hit
+  rates, tokens per turn, cache_n per turn, utilization; ``swa`` and
+  ``agents`` for examples 12 and 13).
+* ``registry``: the views a history can be stepped through, by name; the
+  animations and the stepper look a view up there.
 * ``*_animation(history)``: one frame per snapshot with a slider and
   play/pause; works in exported HTML with no kernel.
 * ``Stepper`` / ``stepper(history, kind)``: a slider-driven widget that updates
@@ -31,18 +36,18 @@ from kvlab.views.animations import (
     free_queue_animation,
     radix_animation,
 )
-from kvlab.views.figures import (
-    block_pool_figure,
+from kvlab.views.block_pool import block_pool_figure
+from kvlab.views.charts import (
     cache_n_figure,
-    contiguous_figure,
-    free_queue_figure,
-    hash_chain_figure,
     hit_rate_figure,
     per_turn_figure,
-    radix_tree_figure,
     tokens_per_turn_figure,
     utilization_figure,
 )
+from kvlab.views.contiguous import contiguous_figure
+from kvlab.views.free_queue import free_queue_figure
+from kvlab.views.hash_chain import hash_chain_figure
+from kvlab.views.radix_tree import radix_tree_figure
 from kvlab.views.theme import STATUS_COLORS, in_notebook_kernel, setup
 
 if TYPE_CHECKING:

@@ -14,10 +14,16 @@ from typing import Any
 
 from kvlab.core.snapshots import History, Step
 from kvlab.errors import InvalidArgumentError
+from kvlab.views import theme
 from kvlab.views.text import caption
 from kvlab.views.theme import INK, TEMPLATE_NAME
 
 Spec = dict[str, Any]
+
+#: A block status's code in the status heatmaps (the block grid, the block tables, the free queue).
+STATUS_CODE = {status: i for i, status in enumerate(theme.STATUSES)}
+#: The figure width, in px, that cell and bar labels are fitted for: plotly's default 700 px, less a little.
+LABEL_WIDTH = 650
 
 
 def steps_of(history: object, state_type: type | tuple[type, ...] | None = None) -> list[tuple[str, Any]]:
@@ -336,3 +342,64 @@ def check_number(name: str, value: object) -> float:
             pass
         raise InvalidArgumentError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
     return float(value)
+
+
+# ---------------------------------------------------------------------- block-status cells (pool, tables, queue)
+
+
+def status_heatmap(
+    z, text, hover, *, xaxis: str, yaxis: str, name: str, font_size: int, x=None, y=None, gap: int = 2
+) -> dict[str, Any]:
+    """A heatmap of block-status codes (``STATUS_CODE``), coloured as ``theme.STATUS_COLORS``."""
+    trace: dict[str, Any] = {
+        "type": "heatmap", "z": z, "text": text, "hovertext": hover, "name": name,
+        "colorscale": _STATUS_SCALE, "zmin": -0.5, "zmax": len(theme.STATUSES) - 0.5, "showscale": False,
+        "xgap": gap, "ygap": 2, "texttemplate": "%{text}", "textfont": {"size": font_size},
+        "hovertemplate": "%{hovertext}<extra></extra>", "xaxis": xaxis, "yaxis": yaxis, "hoverongaps": False,
+    }  # fmt: skip
+    if x is not None:
+        trace["x"] = x
+    if y is not None:
+        trace["y"] = y
+    return trace
+
+
+def status_legend(null_block: bool) -> list[dict[str, Any]]:
+    """One legend swatch per block status; the null block's only where the pool has one."""
+    return [
+        legend_entry(status, theme.STATUS_COLORS[status], group=f"status {status}",
+                     visible=status != "null" or null_block)
+        for status in theme.STATUSES
+    ]  # fmt: skip
+
+
+def mark_trace(
+    kind: str,
+    xs: list,
+    ys: list,
+    *,
+    xaxis: str = "x",
+    yaxis: str = "y",
+    legend: bool = True,
+    width: float = 3,
+) -> dict[str, Any]:
+    """The outline (or cross) of one ``theme.MARK_STYLES`` mark: what the last operation hit, allocated..."""
+    style = theme.MARK_STYLES[kind]
+    return line_trace(str(style["label"]), xs, ys, color=str(style["color"]), dash=str(style["dash"]),
+                      width=width, xaxis=xaxis, yaxis=yaxis, legend=legend, group=f"mark {kind}")  # fmt: skip
+
+
+def label_room(cell_px: float) -> int:
+    """How many px of a 10 px label fit across a cell ``cell_px`` wide, with a little padding."""
+    return max(int(cell_px - 6), 0)
+
+
+def empty_grid(rows: int, cols: int) -> tuple[list[list[Any]], list[list[str]], list[list[Any]]]:
+    """(codes, labels, hover texts) of a ``rows`` x ``cols`` heatmap with nothing in it yet."""
+    z: list[list[Any]] = [[None] * cols for _ in range(rows)]
+    text: list[list[str]] = [[""] * cols for _ in range(rows)]
+    hover: list[list[Any]] = [[None] * cols for _ in range(rows)]
+    return z, text, hover
+
+
+_STATUS_SCALE = discrete_colorscale([theme.STATUS_COLORS[s] for s in theme.STATUSES])

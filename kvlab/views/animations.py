@@ -15,8 +15,8 @@ from typing import Any
 import plotly.graph_objects as go
 
 from kvlab.errors import InvalidArgumentError, check_int
+from kvlab.views import registry
 from kvlab.views._common import Spec, check_title, legend_height, steps_of, title_lines
-from kvlab.views.figures import VIEW_SPECS, view_hints
 
 DEFAULT_FRAME_MS = 900
 # The controls sit under the legend, each on its own row: the play/pause buttons, then the slider (its
@@ -35,13 +35,11 @@ def step_caption(index: int, count: int, caption: str) -> str:
 def view_specs(
     view: str, history: object, *, title: str | None = None, **options: Any
 ) -> tuple[list[Spec], list[str]]:
-    """One spec per snapshot of ``history`` for ``view`` (a name of ``VIEW_SPECS``), and the captions."""
-    if view not in VIEW_SPECS:
-        raise InvalidArgumentError(f"unknown view {view!r}: use one of {', '.join(VIEW_SPECS)}")
-    state_type, spec_fn = VIEW_SPECS[view]
-    steps = steps_of(history, state_type)
+    """One spec per snapshot of ``history`` for ``view`` (a name in ``kvlab.views.registry``), and the captions."""
+    record = registry.get(view)
+    steps = steps_of(history, record.state_type)
     states = [s for _, s in steps]
-    hints = view_hints(view, states)
+    hints = record.hints(states)
     count = len(steps)
     heads = []
     for i, (caption, _) in enumerate(steps):
@@ -51,7 +49,7 @@ def view_specs(
     specs = []
     for i, state in enumerate(states):
         previous = states[i - 1] if i > 0 else None
-        specs.append(spec_fn(state, previous, caption=heads[i], **options, **hints))
+        specs.append(record.spec(state, previous, caption=heads[i], **options, **hints))
     return specs, [c for c, _ in steps]
 
 

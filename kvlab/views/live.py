@@ -20,30 +20,12 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.basedatatypes import Undefined
 
-from kvlab.core.snapshots import BlockPoolState, ContiguousState, RadixState
 from kvlab.errors import InvalidArgumentError, check_int
+from kvlab.views import registry
 from kvlab.views._common import Spec, steps_of, title_lines
 from kvlab.views.animations import step_caption
-from kvlab.views.figures import VIEW_SPECS, view_hints
 
 ViewFn = Callable[[Any, Any], Any]
-
-#: The views a stepper shows by default for each kind of snapshot.
-DEFAULT_VIEWS: dict[type, tuple[str, ...]] = {
-    ContiguousState: ("contiguous",),
-    BlockPoolState: ("block_pool", "free_queue"),
-    RadixState: ("radix",),
-}
-
-#: ``stepper(history, kind)`` kinds and the views they show.
-KINDS: dict[str, tuple[str, ...]] = {
-    "contiguous": ("contiguous",),
-    "block_pool": ("block_pool",),
-    "paged": ("block_pool",),
-    "free_queue": ("free_queue",),
-    "prefix_cache": ("block_pool", "free_queue"),
-    "radix": ("radix",),
-}
 
 
 # ---------------------------------------------------------------------- updating a figure in place
@@ -206,8 +188,8 @@ class Stepper(widgets.VBox):
         self, views: object, state_type: type, highlight: object
     ) -> list[tuple[str, ViewFn, dict]]:
         if views is None:
-            views = DEFAULT_VIEWS.get(state_type)
-            if views is None:
+            views = registry.defaults(state_type)
+            if not views:
                 raise InvalidArgumentError(
                     f"no default view for {state_type.__name__}; pass views= as callables (state, previous) -> figure"
                 )
@@ -220,27 +202,25 @@ class Stepper(widgets.VBox):
             if callable(v):
                 out.append((getattr(v, "__name__", "view"), v, {}))
                 continue
-            if v not in VIEW_SPECS:
+            view = registry.get(v, extra=", or a callable")
+            if not issubclass(state_type, view.state_type):
                 raise InvalidArgumentError(
-                    f"unknown view {v!r}: use one of {', '.join(VIEW_SPECS)}, or a callable"
+                    f"view {v!r} draws {view.state_type.__name__} snapshots, but this history holds {state_type.__name__}"
                 )
-            wanted, spec_fn = VIEW_SPECS[v]
-            if not issubclass(state_type, wanted):
-                raise InvalidArgumentError(
-                    f"view {v!r} draws {wanted.__name__} snapshots, but this history holds {state_type.__name__}"
-                )
-            hints = view_hints(v, self.states)
-            count = len(self.states)
-            hints["head_lines"] = max(
-                title_lines(step_caption(i, count, c)) for i, c in enumerate(self.captions)
-            )
-            hints["sub_lines"] = 2
-            if v == "block_pool":
-                hints.update(highlight=highlight, strict=False)
-                if highlight is not None:
-                    hints["sub_lines"] = 3  # the token's translation takes a line of its own
-            out.append((v, spec_fn, hints))
+            out.append((v, view.spec, self._hints(view, highlight)))
         return out
+
+    def _hints(self, view: registry.View, highlight: object) -> dict[str, Any]:
+        """The view's hints for this history, with room for the longest caption and the subtitle."""
+        hints = view.hints(self.states)
+        count = len(self.states)
+        hints["head_lines"] = max(title_lines(step_caption(i, count, c)) for i, c in enumerate(self.captions))
+        hints["sub_lines"] = 2
+        if view.highlight:
+            hints.update(highlight=highlight, strict=False)
+            if highlight is not None:
+                hints["sub_lines"] = 3  # the token's translation takes a line of its own
+        return hints
 
     def spec(self, view: int, index: int) -> Spec:
         """The spec view number ``view`` shows at step ``index`` (what the figure holds after a step)."""
@@ -249,7 +229,7 @@ class Stepper(widgets.VBox):
             name, fn, hints = self._views[view]
             state = self.states[index]
             previous = self.states[index - 1] if index > 0 else None
-            if name in VIEW_SPECS:
+            if name in registry.VIEWS:
                 caption = step_caption(index, len(self.states), self.captions[index])
                 self._cache[key] = fn(state, previous, caption=caption, **hints)
             else:
@@ -291,6 +271,7 @@ def stepper(history: object, kind: str | None = None, **options: Any) -> Stepper
     ``prefix_cache``, ``radix``); without ``kind``, the views that suit the snapshots."""
     if kind is None:
         return Stepper(history, **options)
-    if kind not in KINDS:
-        raise InvalidArgumentError(f"unknown kind {kind!r}: use one of {', '.join(KINDS)}")
-    return Stepper(history, KINDS[kind], **options)
+    kinds = registry.kinds()
+    if kind not in kinds:
+        raise InvalidArgumentError(f"unknown kind {kind!r}: use one of {', '.join(kinds)}")
+    return Stepper(history, kinds[kind], **options)

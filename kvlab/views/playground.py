@@ -15,10 +15,12 @@ from typing import Any
 
 import ipywidgets as widgets
 
+from kvlab import scenarios
 from kvlab.core.snapshots import BlockPoolState, History
-from kvlab.errors import InvalidArgumentError, KvlabError, OutOfBlocksError, ScenarioError, check_int
+from kvlab.errors import InvalidArgumentError, KvlabError, ScenarioError, check_int
 from kvlab.views._common import Spec
-from kvlab.views.figures import block_pool_spec, free_queue_spec
+from kvlab.views.block_pool import block_pool_spec
+from kvlab.views.free_queue import free_queue_spec
 from kvlab.views.live import LiveFigure, Stepper
 from kvlab.views.text import caption
 
@@ -26,7 +28,7 @@ from kvlab.views.text import caption
 
 SHARED_PREFIX_START = 1000  # the shared "system prompt" is tokens 1000, 1001, ...
 UNIQUE_START = 100_000  # every other token is fresh: 100000, 100001, ...
-MODELS = ("prefix-cache", "block-pool")
+MODELS = ("prefix-cache", "block-pool")  # the scenario models whose state is a BlockPoolState
 
 
 class Playground(widgets.VBox):
@@ -40,6 +42,10 @@ class Playground(widgets.VBox):
     says so: it carries ``"model": "block-pool"`` beside ``config`` and
     ``ops``, the CLI refuses it, and it replays here instead
     (``Playground.from_scenario`` or the widget's *replay JSON* button).
+
+    The playground builds no model itself: ``kvlab.scenarios`` builds it from
+    the config and applies every op, exactly as the replay CLI does, and what
+    a model offers (its ops, its options) comes from its scenario module.
 
     Allocated prompts are the first ``prefix`` tokens of one shared prompt
     (1000, 1001, ...) followed by fresh tokens, so two requests with a prefix
@@ -63,18 +69,12 @@ class Playground(widgets.VBox):
             raise InvalidArgumentError(f"unknown model {model!r}: use one of {', '.join(MODELS)}")
         check_int("num_blocks", num_blocks, minimum=1)
         check_int("block_size", block_size, minimum=1)
-        if not isinstance(null_block, bool):
-            raise InvalidArgumentError(f"null_block must be True or False, got {null_block!r}")
-        if null_block and model != "prefix-cache":
-            raise InvalidArgumentError("null_block is a prefix-cache option (vLLM's reserved block 0)")
         self.model_name = model
-        if model == "prefix-cache":
-            self.config: dict[str, Any] = {"block_size": block_size, "num_blocks": num_blocks,
-                                           "null_block": null_block, "hash": hash_scheme}  # fmt: skip
-        else:
-            self.config = {"block_size": block_size, "num_blocks": num_blocks, "share_prefixes": True,
-                           "hash": hash_scheme}  # fmt: skip
-        self.model = _build_model(model, self.config)  # validates the config
+        self._scenario = scenarios.module(model)
+        self.config: dict[str, Any] = self._scenario.default_config(
+            num_blocks, block_size, null_block=null_block, hash_scheme=hash_scheme
+        )
+        self._run = scenarios.start(model, self.config, record=True)  # validates the config
         self.ops: list[dict[str, Any]] = []
         #: why the pool refused the op at each index of ``ops`` that it refused (recorded, ok: false)
         self.refused: dict[int, str] = {}
@@ -83,6 +83,11 @@ class Playground(widgets.VBox):
         self._refresh()
 
     # -- public API (also what the buttons call)
+
+    @property
+    def model(self) -> Any:
+        """The model the scenario layer built and drives (read it; change it only through ops)."""
+        return self._run.model
 
     @property
     def history(self) -> History[BlockPoolState]:
@@ -106,8 +111,8 @@ class Playground(widgets.VBox):
             raise InvalidArgumentError(
                 f"the shared prefix ({prefix}) cannot be longer than the request ({num_tokens})"
             )
-        if cache_salt is not None and self.model_name != "prefix-cache":
-            raise InvalidArgumentError("cache_salt is a prefix-cache option; the block pool has none")
+        if cache_salt is not None and "cache_salt" in self._scenario.UNSUPPORTED:
+            raise InvalidArgumentError(self._scenario.UNSUPPORTED["cache_salt"])
         tokens = list(range(SHARED_PREFIX_START, SHARED_PREFIX_START + prefix)) + self._fresh(
             num_tokens - prefix
         )
@@ -124,7 +129,7 @@ class Playground(widgets.VBox):
         return self.apply({"op": "append", "req": request, "tokens": self._fresh(num_tokens)})
 
     def fork(self, parent: str, child: str) -> bool:
-        """Start ``child`` sharing all of ``parent``'s blocks (block pool only)."""
+        """Start ``child`` sharing all of ``parent``'s blocks (a model whose scenario has a fork op)."""
         return self.apply({"op": "fork", "req": parent, "child": child})
 
     def free(self, request: str) -> bool:
@@ -139,7 +144,7 @@ class Playground(widgets.VBox):
         ``"ok": false``) and returns False; its reason is in ``refused``. Any
         other failure raises a KvlabError and records nothing.
         """
-        reason = _apply_op(self.model_name, self.model, op, len(self.ops))
+        reason = self._run.apply(op, len(self.ops)).refused
         if reason is not None:
             self.refused[len(self.ops)] = reason
         self.ops.append(op)
@@ -153,7 +158,7 @@ class Playground(widgets.VBox):
         if not self.ops:
             raise InvalidArgumentError("nothing to undo")
         ops = self.ops[:-1]
-        self.model = _build_model(self.model_name, self.config)
+        self._run = scenarios.start(self.model_name, self.config, record=True)
         self.ops = []
         self.refused = {}
         for op in ops:
@@ -169,7 +174,7 @@ class Playground(widgets.VBox):
         replays it.
         """
         out: dict[str, Any] = {"config": dict(self.config), "ops": [dict(op) for op in self.ops]}
-        if self.model_name != "prefix-cache":
+        if self.model_name not in scenarios.CLI_MODELS:
             out = {"model": self.model_name, **out}
         return out
 
@@ -187,14 +192,14 @@ class Playground(widgets.VBox):
                 f"this is a {model} scenario and this playground runs the {self.model_name} model: "
                 f"replay it with Playground.from_scenario(scenario), which picks the model"
             )
-        fresh = _build_model(self.model_name, config)
+        fresh = scenarios.start(self.model_name, config, record=True)
         refused = {}
         for i, op in enumerate(ops):
-            reason = _apply_op(self.model_name, fresh, op, i)
+            reason = fresh.apply(op, i).refused
             if reason is not None:
                 refused[i] = reason
         self.config = dict(config)
-        self.model = fresh
+        self._run = fresh
         self.ops = [dict(op) for op in ops]
         self.refused = refused
         tokens = [t for op in ops for t in op.get("tokens", [])]
@@ -214,7 +219,8 @@ class Playground(widgets.VBox):
         model = model or named or "prefix-cache"
         if model not in MODELS:
             raise InvalidArgumentError(f"unknown model {model!r}: use one of {', '.join(MODELS)}")
-        pg = cls(model, num_blocks=_cfg_int(config, "num_blocks"), block_size=_cfg_int(config, "block_size"))
+        scenarios.start(model, config)  # a bad config raises here, naming the key
+        pg = cls(model, num_blocks=config["num_blocks"], block_size=config["block_size"])
         pg.load(scenario)
         return pg
 
@@ -262,12 +268,13 @@ class Playground(widgets.VBox):
             tooltip="how many leading tokens come from the shared prompt",
         )
         self.salt_box = w.Text(value="", description="salt", placeholder="none", layout=small,
-                               disabled=self.model_name != "prefix-cache")  # fmt: skip
+                               disabled="cache_salt" in self._scenario.UNSUPPORTED)  # fmt: skip
         for box in (self.new_id_box, self.request_pick, self.tokens_box, self.prefix_box, self.salt_box):
             box.style.description_width = "60px"
+        can_fork = "fork" in self._scenario.OP_FIELDS
         fork_help = (
             "start 'new id' sharing all blocks of 'request'"
-            if self.model_name == "block-pool"
+            if can_fork
             else "fork is a block-pool operation (vLLM's prefix cache shares through hits instead)"
         )
         self.buttons = {
@@ -275,7 +282,7 @@ class Playground(widgets.VBox):
                                  tooltip="a new request 'new id' of 'tokens' tokens; the first 'shared' come from "
                                          "the shared prompt"),
             "append": w.Button(description="append", tooltip="decode 'tokens' more tokens into 'request'"),
-            "fork": w.Button(description="fork", tooltip=fork_help, disabled=self.model_name != "block-pool"),
+            "fork": w.Button(description="fork", tooltip=fork_help, disabled=not can_fork),
             "free": w.Button(description="free", tooltip="'request' finished: release its blocks"),
             "undo": w.Button(description="undo", tooltip="take back the last operation"),
         }  # fmt: skip
@@ -310,7 +317,7 @@ class Playground(widgets.VBox):
 
     def _queue_spec(self) -> Spec:
         previous = self.history[-2].state if len(self.history) > 1 else None
-        title = "Free queue" if self.model_name == "prefix-cache" else "Free list"
+        title = self._scenario.FREE_LIST_NAME.capitalize()
         return free_queue_spec(self.state, previous, caption=self._caption(title), head_lines=2, sub_lines=2)
 
     def _caption(self, what: str) -> str:
@@ -389,12 +396,14 @@ class Playground(widgets.VBox):
     def _export(self) -> None:
         self.scenario_box.value = self.to_json(indent=1)
         refused = f", {len(self.refused)} refused (ok: false)" if self.refused else ""
-        if self.model_name == "prefix-cache":
-            self._say(f"exported {len(self.ops)} ops{refused}; replay with: python -m kvlab replay prefix-cache",
-                      ok=True)  # fmt: skip
+        name = self.model_name
+        if name in scenarios.CLI_MODELS:
+            self._say(
+                f"exported {len(self.ops)} ops{refused}; replay with: python -m kvlab replay {name}", ok=True
+            )
         else:
-            self._say(f"exported {len(self.ops)} ops{refused}. This is a block-pool scenario (\"model\": "
-                      "\"block-pool\"): the replay CLI has no block-pool model and no fork, so it will refuse "
+            self._say(f"exported {len(self.ops)} ops{refused}. This is a {name} scenario (\"model\": "
+                      f"\"{name}\"): the replay CLI has no {name} model and no fork, so it will refuse "
                       "the file; replay it here with Playground.from_scenario(json) or the replay JSON button",
                       ok=True)  # fmt: skip
 
@@ -415,106 +424,9 @@ def _next_id(used: set[str]) -> str:
     return f"R{len(used)}"
 
 
-def _cfg_int(config: dict[str, Any], key: str) -> int:
-    value = config.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ScenarioError(f"config '{key}' must be an integer >= 1, got {value!r}")
-    return value
-
-
-def _parse_scenario(scenario: object) -> tuple[str | None, dict[str, Any], list[dict[str, Any]]]:
-    """(the scenario's "model" field or None, config, ops); the rest is checked as the replay CLI does."""
-    from kvlab.cli.replay import load_scenario
-
-    if isinstance(scenario, dict):
-        scenario = json.dumps(scenario)
-    elif not isinstance(scenario, str):
-        raise ScenarioError(
-            f'a scenario is a dict or JSON text {{"config": ..., "ops": [...]}}, got {type(scenario).__name__}'
-        )
-    model, config, ops = load_scenario(scenario)
+def _parse_scenario(scenario: object) -> tuple[str | None, dict[str, Any], list[Any]]:
+    """(the scenario's "model" field or None, config, ops), parsed by ``kvlab.scenarios``; a playground model."""
+    model, config, ops = scenarios.parse_scenario(scenario)
     if model is not None and model not in MODELS:
         raise ScenarioError(f"unknown scenario model {model!r}: use one of {', '.join(MODELS)}")
     return model, config, ops
-
-
-def _build_model(model: str, config: dict[str, Any]) -> Any:
-    """A recording model for ``config``; a bad config raises ScenarioError naming the key."""
-    from kvlab.core.hashing import SCHEMES
-
-    keys = {"prefix-cache": {"block_size", "num_blocks", "null_block", "hash"},
-            "block-pool": {"block_size", "num_blocks", "share_prefixes", "hash"}}[model]  # fmt: skip
-    unknown = sorted(set(config) - keys)
-    if unknown:
-        raise ScenarioError(f"unknown config key(s) {unknown}: {model} takes {', '.join(sorted(keys))}")
-    num_blocks, block_size = _cfg_int(config, "num_blocks"), _cfg_int(config, "block_size")
-    scheme = config.get("hash", "lesson")
-    if scheme not in SCHEMES:
-        raise ScenarioError(f"config 'hash' must be one of {', '.join(map(repr, SCHEMES))}, got {scheme!r}")
-    for key in keys & {"null_block", "share_prefixes"}:
-        if key in config and not isinstance(config[key], bool):
-            raise ScenarioError(f"config '{key}' must be true or false, got {config[key]!r}")
-    try:
-        if model == "prefix-cache":
-            from kvlab.models.prefix_cache import PrefixCache
-
-            return PrefixCache(num_blocks, block_size, null_block=config.get("null_block", False),
-                               hash_scheme=scheme, record=True)  # fmt: skip
-        from kvlab.models.paged import BlockPool
-
-        return BlockPool(num_blocks, block_size, share_prefixes=config.get("share_prefixes", True),
-                         hash_scheme=scheme, record=True)  # fmt: skip
-    except KvlabError as exc:
-        raise ScenarioError(f"config: {exc}") from None
-
-
-def _apply_op(model_name: str, model: Any, op: object, index: int) -> str | None:
-    """Apply one op; None when done, the reason when the pool refused it for want of free blocks.
-
-    A refused ``alloc`` or ``append`` changes nothing, as in the replay CLI,
-    which reports it as ``"ok": false``. A bad op raises ScenarioError
-    (naming its index) and changes nothing.
-    """
-    if not isinstance(op, dict):
-        raise ScenarioError(f'each op must be an object like {{"op": "alloc", ...}}, got {op!r}', index)
-    name = op.get("op")
-    ops = {
-        "prefix-cache": ("alloc", "append", "free", "probe"),
-        "block-pool": ("alloc", "append", "fork", "free"),
-    }
-    if name not in ops[model_name]:
-        raise ScenarioError(
-            f"unknown op {name!r} for {model_name}: use one of {', '.join(ops[model_name])}", index
-        )
-    fields = {"alloc": {"req", "tokens", "cache_salt"}, "append": {"req", "tokens"}, "free": {"req"},
-              "probe": {"tokens", "cache_salt"}, "fork": {"req", "child"}}[name]  # fmt: skip
-    required = fields - {"cache_salt"}
-    missing = sorted(required - set(op))
-    extra = sorted(set(op) - fields - {"op"})
-    if missing or extra:
-        raise ScenarioError(
-            f"{name} needs {sorted(required)}" + (f"; it does not take {extra}" if extra else ""), index
-        )
-    req = op.get("req")
-    if "req" in op and (not isinstance(req, str) or not req):
-        raise ScenarioError(f"the request id must be a non-empty string, got {req!r}", index)
-    try:
-        if name == "alloc" and model_name == "prefix-cache":
-            model.allocate(req, op["tokens"], op.get("cache_salt"))
-        elif name == "alloc":
-            model.allocate(req, op["tokens"])
-        elif name == "append":
-            model.append(req, op["tokens"])
-        elif name == "free":
-            model.free(req)
-        elif name == "probe":
-            model.probe(op["tokens"], op.get("cache_salt"))
-        else:
-            model.fork(req, op["child"])
-    except OutOfBlocksError as exc:
-        if name in ("alloc", "append"):
-            return str(exc)
-        raise ScenarioError(str(exc), index) from None
-    except KvlabError as exc:
-        raise ScenarioError(str(exc), index) from None
-    return None

@@ -12,6 +12,7 @@ Each model's wording lives in its own module here, registered by event kind with
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from collections.abc import Callable, Iterable
 
 from kvlab.core.snapshots import Event, History, Step
@@ -20,8 +21,6 @@ from kvlab.errors import InvalidArgumentError
 Describe = Callable[[Event], str]
 _DESCRIBE: dict[str, Describe] = {}
 
-# The modules that register captions, one per model; imported on first use of caption().
-MODULES: tuple[str, ...] = ()
 _loaded = False
 
 
@@ -37,10 +36,11 @@ def describes(*kinds: str) -> Callable[[Describe], Describe]:
 
 
 def _load() -> None:
+    """Import every module of this package once: each registers the captions of one model."""
     global _loaded
     if not _loaded:
-        for name in MODULES:
-            importlib.import_module(f"kvlab.views.text.{name}")
+        for module in pkgutil.iter_modules(__path__):
+            importlib.import_module(f"{__name__}.{module.name}")
         _loaded = True
 
 

@@ -3,7 +3,8 @@
 ``kvlab.server.agents.run_agent`` returns per-turn records (``AgentTurn``) rather than
 a history, so ``agent_turns_history(runs)`` first lines the runs up turn by
 turn: step 0 is before the first turn, step k the state after turn k of every
-policy at once. The figure has two panels:
+policy at once (a ``kvlab.core.snapshots.AgentTurnsState``). It stays here, not in
+a lesson module, because every entry point of this view takes runs and calls it. The figure has two panels:
 
 * **this turn's prompt**, one bar per policy: the part the cache served (the
   common prefix with the previous prompt) and the part the server had to
@@ -19,15 +20,14 @@ policy at once. The figure has two panels:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import plotly.graph_objects as go
 
-from kvlab.core.snapshots import History
+from kvlab.core.snapshots import AgentTurnsState, History
 from kvlab.errors import InvalidArgumentError, check_int
-from kvlab.server.agents import AgentRun, AgentTurn
+from kvlab.server.agents import AgentRun
 from kvlab.views import theme
 from kvlab.views._common import Spec, base_layout, check_title, steps_of, title_text
 from kvlab.views.animations import DEFAULT_FRAME_MS, animate, step_caption
@@ -35,16 +35,6 @@ from kvlab.views.live import Stepper
 from kvlab.views.text import caption
 
 _ROW_PX = 46
-
-
-@dataclass(frozen=True)
-class AgentTurnsState:
-    """Every policy after the same turn: that turn's record (None before turn 1) and the total processed so far."""
-
-    turn: int
-    names: tuple[str, ...]
-    current: tuple[AgentTurn | None, ...]
-    totals: tuple[int, ...]
 
 
 def _runs(runs: object) -> list[tuple[str, AgentRun]]:
@@ -101,6 +91,66 @@ def _check_state(state: object) -> None:
         )
 
 
+def _label(v: int, what: str, axis_max: int) -> str:
+    """A bar's label: with its unit on a long bar, the bare number on a short one, nothing on a tiny one."""
+    if v <= 0:
+        return ""
+    return f"{v:,} {what}" if v >= 0.16 * axis_max else f"{v:,}" if v >= 0.05 * axis_max else ""
+
+
+def _turn_bars(state: AgentTurnsState, prompt_max: int) -> list[dict[str, Any]]:
+    """This turn's prompt per policy (cached | processed), and the tokens processed so far."""
+    names = list(state.names)
+    cached = [c.cached_tokens if c else 0 for c in state.current]
+    processed = [c.processed_tokens if c else 0 for c in state.current]
+    return [
+        {
+            "type": "bar", "orientation": "h", "name": "from the cache (prefix shared with the last prompt)",
+            "y": names, "x": cached, "marker": {"color": theme.BLUE, "line": {"color": "white", "width": 1}},
+            "text": [_label(v, "cached", prompt_max) for v in cached], "textposition": "inside",
+            "insidetextanchor": "middle", "textfont": {"color": "white"},
+            "hovertemplate": "%{y}: %{x:,} tokens from the cache<extra></extra>", "xaxis": "x", "yaxis": "y",
+        },
+        {
+            "type": "bar", "orientation": "h", "name": "processed this turn", "y": names, "x": processed,
+            "marker": {"color": theme.ORANGE, "line": {"color": "white", "width": 1},
+                       "pattern": {"shape": "/", "fgcolor": theme.INK, "fgopacity": 0.3, "size": 8}},
+            "text": [_label(v, "processed", prompt_max) for v in processed], "textposition": "inside",
+            "insidetextanchor": "middle", "textfont": {"color": theme.INK},
+            "hovertemplate": "%{y}: %{x:,} tokens processed this turn<extra></extra>", "xaxis": "x", "yaxis": "y",
+        },
+        {
+            "type": "bar", "orientation": "h", "name": "processed so far (all turns)", "y": names,
+            "x": list(state.totals), "marker": {"color": theme.VERMILLION, "line": {"color": "white", "width": 1}},
+            "text": [f"{t:,}" if t else "" for t in state.totals], "textposition": "auto",
+            "textfont": {"color": theme.INK}, "cliponaxis": False,
+            "hovertemplate": "%{y}: %{x:,} tokens processed in turns 1..%{meta}<extra></extra>", "meta": state.turn,
+            "xaxis": "x2", "yaxis": "y2",
+        },
+    ]  # fmt: skip
+
+
+def _panel_marks(
+    state: AgentTurnsState, prefix_tokens: int | None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(shapes, annotations): the two panels' headings and, with ``prefix_tokens``, the fixed prefix's end."""
+    shapes = []
+    if prefix_tokens:
+        shapes.append({"type": "line", "xref": "x", "yref": "y domain", "x0": prefix_tokens, "x1": prefix_tokens,
+                       "y0": 0, "y1": 1, "line": {"color": theme.INK, "dash": "dot", "width": 2}})  # fmt: skip
+    annotations = [
+        {"text": f"<b>turn {state.turn}'s prompt</b>" if state.turn else "<b>the prompt</b>", "xref": "paper",
+         "yref": "paper", "x": 0, "y": 1, "yanchor": "bottom", "xanchor": "left", "showarrow": False},
+        {"text": "<b>tokens processed so far</b>", "xref": "paper", "yref": "paper", "x": 0, "y": 0.42,
+         "yanchor": "bottom", "xanchor": "left", "showarrow": False},
+    ]  # fmt: skip
+    if prefix_tokens:
+        annotations.append({"text": "end of the fixed prefix", "x": prefix_tokens, "xref": "x", "y": 1,
+                            "yref": "y domain", "yanchor": "bottom", "xanchor": "left", "showarrow": False,
+                            "font": {"size": 11}})  # fmt: skip
+    return shapes, annotations
+
+
 def agent_turn_spec(
     state: AgentTurnsState,
     previous: AgentTurnsState | None = None,
@@ -124,54 +174,9 @@ def agent_turn_spec(
     check_int("total_max", max(total_max, 1), minimum=1)
     if prefix_tokens is not None:
         check_int("prefix_tokens", prefix_tokens, minimum=0)
+    data = _turn_bars(state, prompt_max)
+    shapes, annotations = _panel_marks(state, prefix_tokens)
     names = list(state.names)
-    cached = [c.cached_tokens if c else 0 for c in state.current]
-    processed = [c.processed_tokens if c else 0 for c in state.current]
-
-    def label(v: int, what: str, axis_max: int) -> str:
-        if v <= 0:
-            return ""
-        return f"{v:,} {what}" if v >= 0.16 * axis_max else f"{v:,}" if v >= 0.05 * axis_max else ""
-
-    data: list[dict[str, Any]] = [
-        {
-            "type": "bar", "orientation": "h", "name": "from the cache (prefix shared with the last prompt)",
-            "y": names, "x": cached, "marker": {"color": theme.BLUE, "line": {"color": "white", "width": 1}},
-            "text": [label(v, "cached", prompt_max) for v in cached], "textposition": "inside",
-            "insidetextanchor": "middle", "textfont": {"color": "white"},
-            "hovertemplate": "%{y}: %{x:,} tokens from the cache<extra></extra>", "xaxis": "x", "yaxis": "y",
-        },
-        {
-            "type": "bar", "orientation": "h", "name": "processed this turn", "y": names, "x": processed,
-            "marker": {"color": theme.ORANGE, "line": {"color": "white", "width": 1},
-                       "pattern": {"shape": "/", "fgcolor": theme.INK, "fgopacity": 0.3, "size": 8}},
-            "text": [label(v, "processed", prompt_max) for v in processed], "textposition": "inside",
-            "insidetextanchor": "middle", "textfont": {"color": theme.INK},
-            "hovertemplate": "%{y}: %{x:,} tokens processed this turn<extra></extra>", "xaxis": "x", "yaxis": "y",
-        },
-        {
-            "type": "bar", "orientation": "h", "name": "processed so far (all turns)", "y": names,
-            "x": list(state.totals), "marker": {"color": theme.VERMILLION, "line": {"color": "white", "width": 1}},
-            "text": [f"{t:,}" if t else "" for t in state.totals], "textposition": "auto",
-            "textfont": {"color": theme.INK}, "cliponaxis": False,
-            "hovertemplate": "%{y}: %{x:,} tokens processed in turns 1..%{meta}<extra></extra>", "meta": state.turn,
-            "xaxis": "x2", "yaxis": "y2",
-        },
-    ]  # fmt: skip
-    shapes = []
-    if prefix_tokens:
-        shapes.append({"type": "line", "xref": "x", "yref": "y domain", "x0": prefix_tokens, "x1": prefix_tokens,
-                       "y0": 0, "y1": 1, "line": {"color": theme.INK, "dash": "dot", "width": 2}})  # fmt: skip
-    annotations = [
-        {"text": f"<b>turn {state.turn}'s prompt</b>" if state.turn else "<b>the prompt</b>", "xref": "paper",
-         "yref": "paper", "x": 0, "y": 1, "yanchor": "bottom", "xanchor": "left", "showarrow": False},
-        {"text": "<b>tokens processed so far</b>", "xref": "paper", "yref": "paper", "x": 0, "y": 0.42,
-         "yanchor": "bottom", "xanchor": "left", "showarrow": False},
-    ]  # fmt: skip
-    if prefix_tokens:
-        annotations.append({"text": "end of the fixed prefix", "x": prefix_tokens, "xref": "x", "y": 1,
-                            "yref": "y domain", "yanchor": "bottom", "xanchor": "left", "showarrow": False,
-                            "font": {"size": 11}})  # fmt: skip
     sub = "; ".join(f"{n}: prompt {p:,}" for n, p in zip(names, prompts, strict=True)) if state.turn else ""
     ttl = title_text(caption or title or "Agent turns: cached and processed tokens", sub or None)
     head, _, rest = ttl["text"].partition("</b>")
@@ -263,6 +268,46 @@ def _stepper_view(state: AgentTurnsState, previous: AgentTurnsState | None, **op
     return agent_turn_spec(state, previous, title="Agent turns: cached and processed tokens", **options)
 
 
+def _split_panel(
+    i: int, k: int, name: str, run: AgentRun, *, y1: float, height_each: float, ymax: int
+) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+    """(bars and totals, axes, heading) of run number ``i`` of ``k``, its panel's top at paper ``y1``."""
+    ax = "" if i == 0 else str(i + 1)
+    turns = [t.turn for t in run.turns]
+    cached = [t.cached_tokens for t in run.turns]
+    processed = [t.processed_tokens for t in run.turns]
+    data: list[dict[str, Any]] = []
+    for label, values, color, pattern in (
+        ("from the cache", cached, theme.BLUE, ""),
+        ("processed", processed, theme.ORANGE, "/"),
+    ):
+        data.append({
+            "type": "bar", "x": turns, "y": values, "name": label, "legendgroup": label, "showlegend": i == 0,
+            "marker": {"color": color, "line": {"color": "white", "width": 0.5},
+                       "pattern": {"shape": pattern, "fgcolor": theme.INK, "fgopacity": 0.3, "size": 7}},
+            "xaxis": f"x{ax}", "yaxis": f"y{ax}",
+            "hovertemplate": f"{name}<br>turn %{{x}}: %{{y:,}} tokens {label}<extra></extra>",
+        })  # fmt: skip
+    data.append({
+        "type": "scatter", "mode": "text", "x": turns, "y": [c + p for c, p in zip(cached, processed, strict=True)],
+        "text": [f"{p:,}" for p in processed], "textposition": "top center", "textfont": {"size": 10},
+        "showlegend": False, "hoverinfo": "skip", "xaxis": f"x{ax}", "yaxis": f"y{ax}", "cliponaxis": False,
+    })  # fmt: skip
+    axes = {
+        f"xaxis{ax}": {"anchor": f"y{ax}", "dtick": 1, "range": [0.4, len(turns) + 0.6],
+                       "title": {"text": "turn", "standoff": 2} if i == k - 1 else None,
+                       "matches": "x" if i else None},
+        f"yaxis{ax}": {"domain": [y1 - height_each, y1], "anchor": f"x{ax}", "range": [0, ymax * 1.18],
+                       "title": {"text": "prompt tokens"}, "matches": "y" if i else None},
+    }  # fmt: skip
+    heading = {
+        "text": f"<b>{name}</b> · processed {run.total_processed:,} tokens, final prompt {run.final_prompt:,}",
+        "xref": "paper", "yref": "paper", "x": 0, "y": y1, "xanchor": "left", "yanchor": "bottom",
+        "showarrow": False,
+    }  # fmt: skip
+    return data, axes, heading
+
+
 def prompt_split_figure(
     runs: Mapping[str, AgentRun] | Sequence[AgentRun] | AgentRun, *, title: str | None = None
 ) -> go.Figure:
@@ -282,37 +327,11 @@ def prompt_split_figure(
     axes: dict[str, Any] = {}
     annotations = []
     for i, (name, run) in enumerate(pairs):
-        ax = "" if i == 0 else str(i + 1)
-        turns = [t.turn for t in run.turns]
-        cached = [t.cached_tokens for t in run.turns]
-        processed = [t.processed_tokens for t in run.turns]
-        for label, values, color, pattern in (
-            ("from the cache", cached, theme.BLUE, ""),
-            ("processed", processed, theme.ORANGE, "/"),
-        ):
-            data.append({
-                "type": "bar", "x": turns, "y": values, "name": label, "legendgroup": label, "showlegend": i == 0,
-                "marker": {"color": color, "line": {"color": "white", "width": 0.5},
-                           "pattern": {"shape": pattern, "fgcolor": theme.INK, "fgopacity": 0.3, "size": 7}},
-                "xaxis": f"x{ax}", "yaxis": f"y{ax}",
-                "hovertemplate": f"{name}<br>turn %{{x}}: %{{y:,}} tokens {label}<extra></extra>",
-            })  # fmt: skip
-        data.append({
-            "type": "scatter", "mode": "text", "x": turns, "y": [c + p for c, p in zip(cached, processed, strict=True)],
-            "text": [f"{p:,}" for p in processed], "textposition": "top center", "textfont": {"size": 10},
-            "showlegend": False, "hoverinfo": "skip", "xaxis": f"x{ax}", "yaxis": f"y{ax}", "cliponaxis": False,
-        })  # fmt: skip
         y1 = 1 - i * (height_each + gap)
-        axes[f"xaxis{ax}"] = {"anchor": f"y{ax}", "dtick": 1, "range": [0.4, len(turns) + 0.6],
-                              "title": {"text": "turn", "standoff": 2} if i == k - 1 else None,
-                              "matches": "x" if i else None}  # fmt: skip
-        axes[f"yaxis{ax}"] = {"domain": [y1 - height_each, y1], "anchor": f"x{ax}", "range": [0, ymax * 1.18],
-                              "title": {"text": "prompt tokens"}, "matches": "y" if i else None}  # fmt: skip
-        annotations.append({
-            "text": f"<b>{name}</b> · processed {run.total_processed:,} tokens, final prompt {run.final_prompt:,}",
-            "xref": "paper", "yref": "paper", "x": 0, "y": y1, "xanchor": "left", "yanchor": "bottom",
-            "showarrow": False,
-        })  # fmt: skip
+        traces, panel_axes, heading = _split_panel(i, k, name, run, y1=y1, height_each=height_each, ymax=ymax)
+        data += traces
+        axes.update(panel_axes)
+        annotations.append(heading)
     layout = base_layout(
         title_text(title or "Each turn's prompt: from the cache and processed",
                    "the number over each bar is what that turn processed"),

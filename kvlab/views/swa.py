@@ -1,6 +1,6 @@
 """Example 12's views: the SWA ring, the positions it covers, and the context checkpoints.
 
-One figure per ``kvlab.server.swa.SwaState`` snapshot, in two panels that share the
+One figure per ``kvlab.core.snapshots.SwaState`` snapshot (``kvlab.server.swa`` records them), in two panels that share the
 story of a sliding-window slot:
 
 * **top, the SWA cells**: every cell of the local layers' cache, coloured by the
@@ -26,9 +26,8 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from kvlab.core.snapshots import History
+from kvlab.core.snapshots import EMPTY, History, SwaState
 from kvlab.errors import InvalidArgumentError, check_int
-from kvlab.server.swa import EMPTY, SwaState
 from kvlab.views import theme
 from kvlab.views._common import Spec, base_layout, check_title, legend_entry, steps_of, title_text
 from kvlab.views.animations import DEFAULT_FRAME_MS, animate, step_caption
@@ -100,29 +99,13 @@ def _check_reuse(reuse: object) -> tuple[int, int] | None:
     return int(n_past), int(threshold)
 
 
-def swa_spec(
-    state: SwaState,
-    previous: SwaState | None = None,
-    *,
-    title: str | None = None,
-    caption: str | None = None,
-    x_max: int | None = None,
-    checkpoint_rows: int | None = None,
-    reuse: tuple[int, int] | None = None,
-    legend_kinds: set[str] | None = None,
-) -> Spec:
-    """The slot after one step as plain dicts: SWA cells on top, token positions below.
+_Bars = dict[str, dict[str, list]]
 
-    ``x_max`` (positions on the axis) and ``checkpoint_rows`` default to what
-    this state needs; the animation and the stepper pass the largest over a
-    history so every step has the same axes. ``legend_kinds`` (keys of
-    ``PART_STYLES``) are the bar kinds the legend lists; by default those drawn.
-    """
-    _check_swa_state("state", state)
-    if previous is not None:
-        _check_swa_state("previous", previous)
-    check_title(title)
-    check_title(caption)
+
+def _axes(
+    state: SwaState, x_max: int | None, checkpoint_rows: int | None, reuse: object
+) -> tuple[int, int, tuple[int, int] | None]:
+    """(positions on the axis, checkpoint rows, the reuse point) after checking what the caller asked for."""
     need = _extent(state)
     if x_max is None:
         x_max = need
@@ -137,16 +120,34 @@ def swa_spec(
     marks = _check_reuse(reuse)
     if marks is not None:
         x_max = max(x_max, marks[0] + 1)
-    x_max = max(x_max, need)
+    return max(x_max, need), checkpoint_rows, marks
 
-    cells = list(state.cells)
-    n_cells = len(cells)
-    held = [p for p in cells if p != EMPTY]
-    rows = [FULL, RING, BATCH] + [f"checkpoint {i + 1}" for i in range(checkpoint_rows)]
 
-    bars: dict[str, dict[str, list]] = {
-        k: {"x": [], "base": [], "y": [], "text": [], "hover": []} for k in PART_STYLES
-    }
+def _checkpoint_bars(state: SwaState, bar: Any) -> None:
+    """One bar per checkpoint, coloured by whether this step took it, restored it, or kept it."""
+    restored_at = next((i for i, c in enumerate(state.checkpoints) if c == state.restored), None)
+    created_at = len(state.checkpoints) - 1 if state.created is not None and state.checkpoints else None
+    for i, cp in enumerate(state.checkpoints):
+        kind = "created" if i == created_at else "restored" if i == restored_at else "checkpoint"
+        what = {
+            "created": "taken before this batch",
+            "restored": "restored in this step",
+            "checkpoint": "kept",
+        }[kind]
+        bar(
+            kind,
+            f"checkpoint {i + 1}",
+            cp.pos_min,
+            cp.pos_max + 1,
+            f"[{cp.pos_min}, {cp.pos_max}]",
+            f"checkpoint {i + 1} ({what}): SWA cells for positions {cp.pos_min}..{cp.pos_max},"
+            f"<br>taken when {cp.n_tokens:,} prompt tokens were processed",
+        )
+
+
+def _bars(state: SwaState, held: list[int]) -> _Bars:
+    """The positions panel's bars by kind: what the full layers hold, the ring covers, the batch, checkpoints."""
+    bars: _Bars = {k: {"x": [], "base": [], "y": [], "text": [], "hover": []} for k in PART_STYLES}
 
     def bar(kind: str, row: str, start: int, end: int, text: str, hover: str) -> None:
         b = bars[kind]
@@ -184,26 +185,13 @@ def swa_spec(
             f"[{b0}, {b1})",
             f"this step decoded positions {b0}..{b1 - 1} ({b1 - b0:,} tokens)",
         )
-    restored_at = next((i for i, c in enumerate(state.checkpoints) if c == state.restored), None)
-    created_at = len(state.checkpoints) - 1 if state.created is not None and state.checkpoints else None
-    for i, cp in enumerate(state.checkpoints):
-        kind = "created" if i == created_at else "restored" if i == restored_at else "checkpoint"
-        what = {
-            "created": "taken before this batch",
-            "restored": "restored in this step",
-            "checkpoint": "kept",
-        }[kind]
-        bar(
-            kind,
-            f"checkpoint {i + 1}",
-            cp.pos_min,
-            cp.pos_max + 1,
-            f"[{cp.pos_min}, {cp.pos_max}]",
-            f"checkpoint {i + 1} ({what}): SWA cells for positions {cp.pos_min}..{cp.pos_max},"
-            f"<br>taken when {cp.n_tokens:,} prompt tokens were processed",
-        )
+    _checkpoint_bars(state, bar)
+    return bars
 
-    # runs of neighbouring cells that hold consecutive positions, labelled where wide enough
+
+def _run_labels(cells: list[int]) -> tuple[list[float], list[str]]:
+    """Runs of neighbouring cells that hold consecutive positions, labelled where wide enough."""
+    n_cells = len(cells)
     label_x, label_text = [], []
     for c0, c1, p0, p1 in _cell_runs(cells):
         width = c1 - c0 + 1
@@ -212,9 +200,14 @@ def swa_spec(
             label_text.append(
                 f"cells {c0}–{c1}: positions {p0}–{p1}" if width >= 0.3 * n_cells else f"{p0}–{p1}"
             )
-    data: list[dict[str, Any]] = []
-    # the SWA cells: one heatmap row, coloured by position (grey where empty)
-    data.append({
+    return label_x, label_text
+
+
+def _cell_traces(state: SwaState, x_max: int) -> list[dict[str, Any]]:
+    """The SWA cells (one heatmap row, coloured by position, grey where empty) and the head's marker."""
+    cells = list(state.cells)
+    n_cells = len(cells)
+    return [{
         "type": "heatmap", "name": "SWA cells", "x": list(range(n_cells)), "y": [0],
         "z": [[None if p == EMPTY else p for p in cells]],
         "zmin": 0, "zmax": max(x_max - 1, 1), "colorscale": "Cividis", "showscale": True,
@@ -222,14 +215,17 @@ def swa_spec(
                      "thickness": 12},
         "hovertemplate": "cell %{x}: position %{z}<extra></extra>", "xaxis": "x2", "yaxis": "y2",
         "hoverongaps": False,
-    })  # fmt: skip
-    data.append({
+    }, {
         "type": "scatter", "mode": "markers", "name": "head", "x": [state.head % n_cells], "y": [0.62],
         "marker": {"symbol": "triangle-down", "size": 13, "color": theme.VERMILLION, "line": {"color": theme.INK,
                    "width": 1}}, "cliponaxis": False,
         "hovertemplate": "head: the next ubatch is placed from cell %{x}<extra></extra>", "showlegend": False,
         "xaxis": "x2", "yaxis": "y2",
-    })  # fmt: skip
+    }]  # fmt: skip
+
+
+def _bar_traces(bars: _Bars) -> list[dict[str, Any]]:
+    data = []
     for kind, b in bars.items():
         style = PART_STYLES[kind]
         marker: dict[str, Any] = {"color": style["color"], "line": {"color": "white", "width": 1}}
@@ -243,6 +239,15 @@ def swa_spec(
             "hovertext": b["hover"], "hovertemplate": "%{hovertext}<extra></extra>", "marker": marker,
             "showlegend": False, "width": 0.7, "xaxis": "x", "yaxis": "y",
         })  # fmt: skip
+    return data
+
+
+def _traces(
+    state: SwaState, bars: _Bars, x_max: int, legend_kinds: set[str] | None
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every trace, and the bar kinds the legend lists."""
+    label_x, label_text = _run_labels(list(state.cells))
+    data = _cell_traces(state, x_max) + _bar_traces(bars)
     data.append({
         "type": "scatter", "mode": "text", "name": "cell runs", "x": label_x, "y": [0] * len(label_x),
         "text": label_text, "textfont": {"size": 11, "color": "white", "shadow": "0px 0px 3px #000000, 0px 0px 2px #000000"},
@@ -255,46 +260,79 @@ def swa_spec(
     data.append(legend_entry("empty SWA cell (▼ marks the head: the next cell to fill)", _EMPTY_CELL))
     for kind, style in PART_STYLES.items():
         data.append(legend_entry(style["label"], style["color"], visible=kind in shown))
+    return data, shown
 
+
+def _reuse_shapes(
+    n_cells: int, marks: tuple[int, int] | None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(shapes, annotations): the SWA strip's grey ground and, with ``marks``, the reuse point and the
+    first position the local layers need from there, with the span between them shaded."""
     shapes: list[dict[str, Any]] = [
         {"type": "rect", "xref": "x2", "yref": "y2", "x0": -0.5, "x1": n_cells - 0.5, "y0": -0.5, "y1": 0.5,
          "fillcolor": _EMPTY_CELL, "line": {"width": 0}, "layer": "below"},
     ]  # fmt: skip
     annotations: list[dict[str, Any]] = []
-    if marks is not None:
-        n_past, threshold = marks
-        shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": threshold, "x1": n_past, "y0": 0,
-                       "y1": _BOTTOM_TOP, "fillcolor": theme.YELLOW, "opacity": 0.35, "line": {"width": 0},
-                       "layer": "below"})  # fmt: skip
-        for x, dash, text, anchor in (
-            (n_past, "solid", f"reuse point {n_past}", "left"),
-            (threshold, "dash", f"needs from {threshold}", "right"),
-        ):
-            shapes.append(
-                {
-                    "type": "line",
-                    "xref": "x",
-                    "yref": "paper",
-                    "x0": x,
-                    "x1": x,
-                    "y0": 0,
-                    "y1": _BOTTOM_TOP,
-                    "line": {"color": theme.INK, "dash": dash, "width": 2},
-                }
-            )
-            annotations.append({"x": x, "y": _BOTTOM_TOP, "xref": "x", "yref": "paper", "text": text,
-                                "showarrow": False, "xanchor": anchor, "yanchor": "bottom",
-                                "font": {"size": 12}})  # fmt: skip
+    if marks is None:
+        return shapes, annotations
+    n_past, threshold = marks
+    shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": threshold, "x1": n_past, "y0": 0,
+                   "y1": _BOTTOM_TOP, "fillcolor": theme.YELLOW, "opacity": 0.35, "line": {"width": 0},
+                   "layer": "below"})  # fmt: skip
+    for x, dash, text, anchor in (
+        (n_past, "solid", f"reuse point {n_past}", "left"),
+        (threshold, "dash", f"needs from {threshold}", "right"),
+    ):
+        shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": x, "x1": x, "y0": 0, "y1": _BOTTOM_TOP,
+                       "line": {"color": theme.INK, "dash": dash, "width": 2}})  # fmt: skip
+        annotations.append({"x": x, "y": _BOTTOM_TOP, "xref": "x", "yref": "paper", "text": text,
+                            "showarrow": False, "xanchor": anchor, "yanchor": "bottom",
+                            "font": {"size": 12}})  # fmt: skip
+    return shapes, annotations
 
+
+def _subtitle(state: SwaState, held: list[int], marks: tuple[int, int] | None) -> str:
     n_cp = len(state.checkpoints)
     sub = (
-        f"{n_cells:,} SWA cells, {len(held):,} in use"
+        f"{len(state.cells):,} SWA cells, {len(held):,} in use"
         + (f" (positions {state.pos_min}..{state.pos_max})" if held else "")
         + f"; the slot holds {state.n_tokens:,} tokens; {n_cp} checkpoint{'s' if n_cp != 1 else ''}"
     )
     if marks is not None:
         sub += f"<br>to continue at {marks[0]}, the local layers need positions {marks[1]}..{marks[0] - 1} (shaded)"
-    ttl = title_text(caption or title or "SWA cells and context checkpoints", sub)
+    return sub
+
+
+def swa_spec(
+    state: SwaState,
+    previous: SwaState | None = None,
+    *,
+    title: str | None = None,
+    caption: str | None = None,
+    x_max: int | None = None,
+    checkpoint_rows: int | None = None,
+    reuse: tuple[int, int] | None = None,
+    legend_kinds: set[str] | None = None,
+) -> Spec:
+    """The slot after one step as plain dicts: SWA cells on top, token positions below.
+
+    ``x_max`` (positions on the axis) and ``checkpoint_rows`` default to what
+    this state needs; the animation and the stepper pass the largest over a
+    history so every step has the same axes. ``legend_kinds`` (keys of
+    ``PART_STYLES``) are the bar kinds the legend lists; by default those drawn.
+    """
+    _check_swa_state("state", state)
+    if previous is not None:
+        _check_swa_state("previous", previous)
+    check_title(title)
+    check_title(caption)
+    x_max, checkpoint_rows, marks = _axes(state, x_max, checkpoint_rows, reuse)
+    n_cells = len(state.cells)
+    held = [p for p in state.cells if p != EMPTY]
+    rows = [FULL, RING, BATCH] + [f"checkpoint {i + 1}" for i in range(checkpoint_rows)]
+    data, shown = _traces(state, _bars(state, held), x_max, legend_kinds)
+    shapes, annotations = _reuse_shapes(n_cells, marks)
+    ttl = title_text(caption or title or "SWA cells and context checkpoints", _subtitle(state, held, marks))
     head_lines = ttl["text"].split("</b>")[0].count("<br>") + 1
     top = 40 + 21 * head_lines + 17 * (1 + (marks is not None)) + 20
     plot_h = _STRIP_PX + 60 + _ROW_PX * len(rows)

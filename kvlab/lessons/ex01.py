@@ -1,0 +1,120 @@
+"""Lesson example 1: reserve the maximum (internal fragmentation), then exact sizes (external).
+
+Part one gives each of five requests a ``max_len``-slot region of a ``ContiguousPool`` although it
+uses only its real length; part two reserves exact sizes, lets two requests finish and shows a new
+request refused while the free total would hold it. The runners take the lesson's numbers as
+defaults of ``example_1`` and any others as arguments, so the exercises can replay a student's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvlab.core.snapshots import ContiguousState, History
+from kvlab.errors import InvalidArgumentError, check_int
+from kvlab.models.contiguous import ContiguousPool
+
+
+@dataclass(frozen=True)
+class ReserveMaxResult:
+    """Part one: every request reserves ``max_len`` slots but uses only its real length."""
+
+    pool_size: int
+    max_len: int
+    placed: tuple[str, ...]
+    rejected: tuple[str, ...]
+    reserved: int
+    stored: int
+    internal_fragmentation: int
+    history: History[ContiguousState]
+
+    @property
+    def stored_percent(self) -> float:
+        return 100.0 * self.stored / self.pool_size
+
+
+@dataclass(frozen=True)
+class ExactFitResult:
+    """Part two: exact-size regions, some requests finish, a new request looks for a gap."""
+
+    pool_size: int
+    free: int
+    gaps: tuple[int, ...]  # gap sizes, lowest start first
+    largest_gap: int
+    new_request: int
+    new_request_placed: bool
+    external_fragmentation: int
+    history: History[ContiguousState]
+
+
+@dataclass(frozen=True)
+class Example1:
+    reserve_max: ReserveMaxResult
+    exact_fit: ExactFitResult
+
+
+def reserve_max(lengths: Sequence[int], *, pool_size: int = 8192, max_len: int = 2048) -> ReserveMaxResult:
+    """Reserve ``max_len`` slots for each request (real lengths ``lengths``), in order, first fit."""
+    lengths = _check_lengths("lengths", lengths)
+    check_int("max_len", max_len, minimum=1)
+    for i, n in enumerate(lengths):
+        if n > max_len:
+            raise InvalidArgumentError(f"lengths[{i}] = {n} exceeds max_len = {max_len}: raise max_len")
+    pool = ContiguousPool(pool_size, record=True)
+    placed = []
+    for i, n in enumerate(lengths):
+        if pool.reserve(f"r{i}", max_len, used=n) is not None:
+            placed.append(f"r{i}")
+    assert pool.history is not None
+    return ReserveMaxResult(
+        pool_size, max_len, tuple(placed), pool.rejected, pool.reserved, pool.stored,
+        pool.internal_fragmentation, pool.history,
+    )  # fmt: skip
+
+
+def exact_fit(
+    sizes: Sequence[int], finished: Sequence[int], new_request: int, *, pool_size: int = 8192
+) -> ExactFitResult:
+    """Reserve exactly ``sizes`` (requests q0, q1, ...), release the ``finished`` indices, then try ``new_request``."""
+    sizes = _check_lengths("sizes", sizes)
+    finished = list(finished)
+    for i in finished:
+        check_int("finished index", i, minimum=0)
+        if i >= len(sizes):
+            raise InvalidArgumentError(f"finished index {i} is out of range: there are {len(sizes)} requests")
+    if len(set(finished)) != len(finished):
+        raise InvalidArgumentError(f"finished lists a request twice: {finished}")
+    check_int("new_request", new_request, minimum=1)
+    pool = ContiguousPool(pool_size, record=True)
+    for i, size in enumerate(sizes):
+        pool.reserve(f"q{i}", size)
+    for i in finished:
+        if f"q{i}" not in pool.rejected:
+            pool.release(f"q{i}")
+    free, gaps, largest, external = (
+        pool.free,
+        tuple(pool.gap_sizes()),
+        pool.largest_gap,
+        pool.external_fragmentation,
+    )
+    placed = pool.reserve(f"q{len(sizes)}", new_request) is not None
+    assert pool.history is not None
+    return ExactFitResult(pool_size, free, gaps, largest, new_request, placed, external, pool.history)
+
+
+def example_1() -> Example1:
+    """Lesson example 1: reserve-the-maximum, then exact sizes with external fragmentation."""
+    return Example1(
+        reserve_max([300, 1200, 150, 700, 500], pool_size=8192, max_len=2048),
+        exact_fit([1500, 600, 1800, 400, 2000, 1000], finished=[1, 3], new_request=900, pool_size=8192),
+    )
+
+
+def _check_lengths(name: str, values: Sequence[int]) -> list[int]:
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise InvalidArgumentError(f"{name} must be a list of positive integers, got {type(values).__name__}")
+    out = list(values)
+    for i, v in enumerate(out):
+        check_int(f"{name}[{i}]", v, minimum=1)
+    return out

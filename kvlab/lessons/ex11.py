@@ -1,0 +1,32 @@
+"""Lesson example 11: a slot saved to a file, restored in a new server, and what the file costs.
+
+The lesson saved a 748-token agent prefix from llama-server's tiny model
+(``POST /slots/0?action=save``: 778,060 bytes written), restored it in a fresh
+server, and compared reading an 8B model's file for that prefix with recomputing
+it. kvlab's save and restore are ``kvlab.server.slot_files.save_slot`` and
+``restore_slot``; the arithmetic is ``offload_estimate``.
+"""
+
+from __future__ import annotations
+
+from kvlab.errors import check_int
+from kvlab.server.slot_files import CELL_META_BYTES, LLAMA_8B, TINY_MODEL, TOKEN_ID_BYTES, offload_estimate
+
+LESSON_PREFIX_TOKENS = 748
+LESSON_BYTES_WRITTEN = 778_060  # recorded by llama-server's save (its own header differs from kvlab's)
+
+
+def arithmetic_report(n_tokens: int = LESSON_PREFIX_TOKENS, written: int = LESSON_BYTES_WRITTEN) -> list[str]:
+    """The lesson's four lines: the tiny model's per-token bytes, and the 8B model's file and times."""
+    check_int("n_tokens", n_tokens, minimum=0)
+    check_int("written", written, minimum=0)
+    t = TINY_MODEL
+    est = offload_estimate(n_tokens, LLAMA_8B.kv_bytes_per_token)
+    return [
+        f"tiny model: {t.kv_bytes_per_token} B KV + {TOKEN_ID_BYTES} B token id + {CELL_META_BYTES} B cell metadata"
+        f" = {t.file_bytes_per_token} B per token",
+        f"predicted {n_tokens * t.file_bytes_per_token} B + header; written {written} B",
+        f"8B shape: {est.file_mib:.1f} MiB file; read at {est.read_bytes_per_s / 1e9:g} GB/s: {est.read_ms:.1f} ms",
+        f"recompute on an 8-core CPU at {est.cpu_flops / 1e12:.2f} TFLOP/s peak: {est.cpu_recompute_s:.1f} s; "
+        f"on an RTX 4090 at {est.gpu_efficiency:.0%} of {est.gpu_flops / 1e12:.1f} TFLOP/s: {est.gpu_recompute_ms:.1f} ms",
+    ]

@@ -1,0 +1,94 @@
+"""Captions of the two block pools' events: ``block_pool.*`` (kvlab.models.paged) and ``prefix_cache.*``.
+
+Each function renders one event kind into the line the model used to write
+itself; the words are the course's, so tests and notebooks compare them exactly.
+"""
+
+from __future__ import annotations
+
+from kvlab.core.snapshots import Event
+from kvlab.views.text import describes
+
+# ---------------------------------------------------------------- BlockPool (lesson examples 2-5)
+
+
+@describes("block_pool.init")
+def _pool_init(e: Event) -> str:
+    return f"{e['num_blocks']} free blocks of {e['block_size']} slots"
+
+
+@describes("block_pool.allocate")
+def _pool_allocate(e: Event) -> str:
+    reuse = f", reused {e['num_cached_tokens']}" if e["hit_block_ids"] else ""
+    return f"allocate {e['request_id']}: {e['num_tokens']} tokens -> blocks {list(e['block_table'])}{reuse}"
+
+
+@describes("block_pool.append")
+def _pool_append(e: Event) -> str:
+    copy = e["copy"]
+    what = f"; copy block {copy[0]} -> {copy[1]} ({copy[2]} entries)" if copy else ""
+    return f"append {e['num_new_tokens']} to {e['request_id']}{what}"
+
+
+@describes("block_pool.fork")
+def _pool_fork(e: Event) -> str:
+    return f"fork {e['parent']} -> {e['request_id']}: share blocks {list(e['block_table'])}"
+
+
+@describes("block_pool.free")
+def _pool_free(e: Event) -> str:
+    return f"free {e['request_id']}: blocks {list(e['freed'])} return to the free list"
+
+
+# ---------------------------------------------------------------- PrefixCache (lesson example 7)
+
+
+def _hits(e: Event) -> str:
+    if not e["hit_block_ids"]:
+        return "no cache hit"
+    return f"hit {e['num_cached_tokens']} tokens in blocks {list(e['hit_block_ids'])}"
+
+
+def _evictions(e: Event) -> str:
+    if not e["evicted"]:
+        return ""
+    pairs = zip(e["evicted_hashes"], e["evicted"], strict=True)
+    return ", evicting " + ", ".join(f"{label} from block {b}" for label, b in pairs)
+
+
+@describes("prefix_cache.init")
+def _cache_init(e: Event) -> str:
+    null = e["null_block"]
+    extra = f", block {null} reserved as the null block" if null is not None else ""
+    return f"{e['num_free_blocks']} free blocks of {e['block_size']} tokens{extra}"
+
+
+@describes("prefix_cache.probe")
+def _cache_probe(e: Event) -> str:
+    return f"probe {e['num_tokens']} tokens: {_hits(e)}"
+
+
+@describes("prefix_cache.allocate")
+def _cache_allocate(e: Event) -> str:
+    return (
+        f"allocate {e['request_id']} ({e['num_tokens']} tokens): {_hits(e)}, "
+        f"new blocks {list(e['new_block_ids'])}{_evictions(e)}"
+    )
+
+
+@describes("prefix_cache.append")
+def _cache_append(e: Event) -> str:
+    return (
+        f"append {e['num_new_tokens']} tokens to {e['request_id']}: new blocks {list(e['new_block_ids'])}"
+        f"{_evictions(e)}"
+    )
+
+
+@describes("prefix_cache.free")
+def _cache_free(e: Event) -> str:
+    where = []
+    if e["to_front"]:
+        where.append(f"{list(e['to_front'])} to the front")
+    if e["to_back"]:
+        where.append(f"{list(e['to_back'])} to the back")
+    return f"free {e['request_id']}: " + (", ".join(where) if where else "no block became free")
