@@ -41,6 +41,9 @@ query head ``h`` uses KV head ``h // (num_heads // num_kv_heads)``.
 
 Table entries past a sequence's last block are never read, so they may hold
 anything (vLLM pads with 0); entries that are read must name a block of the pool.
+
+Kept as one module: the float64 reference, the torch kernel and the dispatch between
+implementations share their argument checks and are tested against each other.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kvlab.errors import InvalidArgumentError
+from kvlab.errors import InvalidArgumentError, cdiv
 
 try:
     import torch
@@ -281,7 +284,7 @@ def paged_attention(
 def gather_sequence(cache: torch.Tensor, block_table_row: torch.Tensor, seq_len: int) -> torch.Tensor:
     """One sequence's first ``seq_len`` tokens of ``cache`` as a dense [seq_len, num_kv_heads, head_dim] tensor."""
     block_size = cache.shape[1]
-    n_blocks = -(-seq_len // block_size)
+    n_blocks = cdiv(seq_len, block_size)
     blocks = block_table_row[:n_blocks].to(torch.int64)
     return cache.index_select(0, blocks).reshape(n_blocks * block_size, *cache.shape[2:])[:seq_len]
 
@@ -351,14 +354,14 @@ def _torch_decode(
     out = torch.empty((shape.num_seqs, hkv, group, dim), dtype=work, device=device)
     buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     for s, n in enumerate(lens):
-        n_blocks = -(-n // bs)
+        n_blocks = cdiv(n, bs)
         width = tile_blocks if n_blocks >= tile_blocks else 1 << (n_blocks - 1).bit_length()
         if width not in buffers:
             size = (width, bs, hkv, dim)
             buffers[width] = (key_cache.new_empty(size), value_cache.new_empty(size))
         k_buf, v_buf = buffers[width]
         # pad the table to whole tiles with the sequence's first block (always valid); the mask hides it
-        n_cols = -(-n_blocks // width) * width
+        n_cols = cdiv(n_blocks, width) * width
         row = tables[s, :n_blocks]
         if n_cols > n_blocks:
             row = torch.cat([row, row[:1].expand(n_cols - n_blocks)])

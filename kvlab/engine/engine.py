@@ -34,7 +34,7 @@ import torch
 
 from kvlab.core.chat_format import REPLY_WORDS, Tokenizer
 from kvlab.engine.model import KVPool, ModelConfig, TinyTransformer
-from kvlab.errors import DuplicateRequestError, InvalidArgumentError, check_int, check_tokens
+from kvlab.errors import DuplicateRequestError, InvalidArgumentError, cdiv, check_int, check_tokens
 from kvlab.models.prefix_cache import PrefixCache
 from kvlab.server.slots import common_prefix
 
@@ -84,7 +84,7 @@ class Engine:
             raise InvalidArgumentError(f"unknown cache mode {cache!r}: use one of {', '.join(CACHE_MODES)}")
         check_int("block_size", block_size, minimum=1)
         check_int("max_model_len", max_model_len, minimum=2)
-        blocks_per_seq = -(-max_model_len // block_size)
+        blocks_per_seq = cdiv(max_model_len, block_size)
         if num_blocks is None:
             num_blocks = blocks_per_seq * (4 if cache == "blocks" else 1)
         check_int("num_blocks", num_blocks, minimum=blocks_per_seq)
@@ -213,7 +213,7 @@ class Engine:
                 n_past -= 1
             self.slot_tokens = self.slot_tokens[:n_past]
             return self._slot_table, n_past, ()
-        needed = -(-(len(toks) + max_tokens - 1) // self.block_size)
+        needed = cdiv(len(toks) + max_tokens - 1, self.block_size)
         blocks = [self._free.popleft() for _ in range(needed)]
         return self._table(blocks), 0, ()
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from kvlab.core.chat_format import REPLY_WORDS, Message, render
 from kvlab.core.workloads import JavaRandom
 from kvlab.engine.engine import Engine
-from kvlab.errors import InvalidArgumentError, check_int
+from kvlab.errors import InvalidArgumentError, cdiv, check_int
 
 DEFAULT_CANDIDATES = ("alice", "bruno", "chen", "dana", "emeka", "farah")
 DEFAULT_SECRET = "dana"
@@ -114,7 +114,7 @@ def tenant_probe(
     if engine is None:
         # room for every request's blocks at once, so nothing the victim cached is evicted before the probe
         max_len = form_tokens + 64
-        num_blocks = (len(names) + len(DECOYS) + 1) * -(-max_len // block_size)
+        num_blocks = (len(names) + len(DECOYS) + 1) * cdiv(max_len, block_size)
         engine = Engine(cache="blocks", block_size=block_size, max_model_len=max_len, num_blocks=num_blocks)
     elif not isinstance(engine, Engine) or engine.cache_mode != "blocks":
         raise InvalidArgumentError("engine must be a kvlab Engine built with cache='blocks'")

@@ -28,6 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kvlab.errors import cdiv
+
 LOG2E = 1.4426950408889634
 MIN_DOT = 16  # tl.dot needs M, N, K >= 16
 
@@ -187,8 +189,8 @@ def choose_num_splits(
     if device.type != "cuda":
         return 1
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    want = -(-8 * sms // max(1, num_seqs * num_kv_heads))
-    most = max(1, -(-max_seq_len // (4 * tile)))
+    want = cdiv(8 * sms, max(1, num_seqs * num_kv_heads))
+    most = max(1, cdiv(max_seq_len, 4 * tile))
     return int(max(1, min(want, most, 32)))
 
 

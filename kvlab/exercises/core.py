@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvlab.errors import InvalidArgumentError, KvlabError
+from kvlab.errors import InvalidArgumentError, KvlabError, brief
 from kvlab.lessons.log import LOG_ENV as LOG_ENV  # the tests and the grader name it here too
 from kvlab.lessons.log import log_event
 
@@ -270,7 +270,7 @@ def call(function: Callable[..., Any], *args: Any) -> Any:
     try:
         out = function(*args)
     except Exception as exc:  # the student's code: report it, never raise it
-        shown = ", ".join(_short(a) for a in args)
+        shown = ", ".join(brief(a) for a in args)
         raise NotYet(f"your function raised {type(exc).__name__}: {exc} (called with {shown})") from None
     if out is ...:
         raise _NotDone
@@ -286,7 +286,7 @@ def _evaluate(ex: Exercise, answer: Any) -> tuple[str, str]:
     if converted is None:
         return (
             NOT_YET,
-            f"This exercise expects {ex.expects}; you gave {type(answer).__name__} {_short(answer)}.",
+            f"This exercise expects {ex.expects}; you gave {type(answer).__name__} {brief(answer)}.",
         )
     try:
         remark = ex.checker(converted)
@@ -300,11 +300,6 @@ def _evaluate(ex: Exercise, answer: Any) -> tuple[str, str]:
             f"This answer could not be checked ({type(exc).__name__}: {exc}); expected {ex.expects}.",
         )
     return RIGHT, remark if isinstance(remark, str) else "Well done."
-
-
-def _short(answer: Any) -> str:
-    text = repr(answer)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def check(exercise_id: str, answer: Any) -> Result:

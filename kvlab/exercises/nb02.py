@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvlab.errors import brief
 from kvlab.exercises.core import NotYet, call, exercise
 from kvlab.lessons.ex02 import example_2
 from kvlab.models.paged import BlockPool
@@ -127,7 +128,7 @@ def slot_mapping(answer: Any) -> str:
                     f"give one per token, {num_tokens} in all."
                 )
             raise NotYet(
-                f"slot_mapping({table}, {block_size}, {num_tokens}) returned {_short(got)}; "
+                f"slot_mapping({table}, {block_size}, {num_tokens}) returned {brief(got)}; "
                 "the block pool puts those tokens in other slots."
             )
     return f"It matches kvlab's BlockPool.slot_mapping on {len(cases)} tables, including A's and B's."
@@ -161,8 +162,3 @@ def whose_slot(answer: list[Any]) -> str:
     if pos == WHOSE_SLOT % BLOCK:
         raise NotYet("That is the offset inside the block; add the tokens of the logical blocks before it.")
     raise NotYet(f"Position {pos} of {seq} lives in another slot; translate it forward to see where.")
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvlab.errors import brief
 from kvlab.exercises.core import NotYet, call, exercise
 from kvlab.models.utilization import fill_paged, request_lengths
 
@@ -90,7 +91,7 @@ def paged_fill(answer: Any) -> str:
         expected = [fill.requests, fill.tokens_stored, fill.wasted_slots]
         got = call(answer, list(lengths), pool_size, block_size)
         if not isinstance(got, (list, tuple)) or len(got) != 3:
-            raise NotYet(f"Return three numbers (requests, tokens_stored, wasted_slots); got {_short(got)}.")
+            raise NotYet(f"Return three numbers (requests, tokens_stored, wasted_slots); got {brief(got)}.")
         if list(got) != expected:
             names = ["requests", "tokens_stored", "wasted_slots"]
             wrong = [n for n, g, e in zip(names, got, expected, strict=True) if g != e]
@@ -100,8 +101,3 @@ def paged_fill(answer: Any) -> str:
                 f"kvlab's fill_paged finds a different {', '.join(wrong)}."
             )
     return f"It agrees with kvlab's fill_paged on {len(cases)} pools, the lesson's 40 requests among them."
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."

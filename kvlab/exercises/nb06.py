@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvlab.core.hashing import block_hashes
+from kvlab.errors import brief
 from kvlab.exercises.core import NotYet, call, exercise
 from kvlab.lessons.ex06 import LESSON_EXAMPLE_6_BASE
 from kvlab.models.prefix_cache import PrefixCache
@@ -82,7 +83,7 @@ def chain(answer: Any) -> str:
         got = list(got)
         if got == expected:
             continue
-        shown = f"chain({_short(tokens)}, {block_size})"
+        shown = f"chain({brief(tokens, 40)}, {block_size})"
         if len(got) != len(expected):
             raise NotYet(f"{shown} returned {len(got)} hashes; the sequence has {len(expected)} full blocks.")
         if got and got[0] == expected[0]:
@@ -122,8 +123,3 @@ def max_cached_tokens(answer: Any) -> str:
                 f"finds a different number when the same prompt is sent twice.{hint}"
             )
     return f"It agrees with kvlab's PrefixCache on {len(cases)} prompts: a 64-token prompt reuses 48, a 65-token one 64."
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvlab.errors import brief
 from kvlab.exercises.core import NotYet, call, exercise
 from kvlab.lessons.ex05 import system_prompt_request
 from kvlab.lessons.ex08 import EXAMPLE_8_PROMPTS, EXAMPLE_8_REQUEST
@@ -140,7 +141,7 @@ def stored_tokens(answer: Any) -> str:
             if got == sum(len(p) for p in prompts):
                 extra = " That is every prompt token; shared prefixes are stored once."
             raise NotYet(
-                f"stored_tokens({_short(prompts)}) returned {got!r}; the radix tree stores another number.{extra}"
+                f"stored_tokens({brief(prompts, 50)}) returned {got!r}; the radix tree stores another number.{extra}"
             )
     return f"It agrees with kvlab's RadixTree on {len(cases)} prompt sets, the lesson's 13 entries for 27 tokens among them."
 
@@ -179,8 +180,3 @@ def page_size_four(answer: list[Any]) -> str:
             "13 is the page-size-1 count. Cut each prompt to whole pages and split only on page boundaries."
         )
     raise NotYet(f"{answer} is not what the page_size=4 tree reports.")
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 50 else text[:47] + "..."

@@ -12,6 +12,7 @@ import math
 from functools import cache
 from typing import Any
 
+from kvlab.errors import cdiv
 from kvlab.exercises.core import NotYet, call, exercise
 
 # exercise 14.1: a sequence's block table, the block size and the token the kernel reads
@@ -97,7 +98,7 @@ def kv_bytes(answer: int) -> str:
     from kvlab.engine import KVPool, ModelConfig
 
     config = ModelConfig()
-    blocks = -(-SEQ_TOKENS // BLOCK)
+    blocks = cdiv(SEQ_TOKENS, BLOCK)
     pool = KVPool(config, num_blocks=blocks, block_size=BLOCK)  # exactly the blocks this sequence holds
     expected = pool.keys.nbytes + pool.values.nbytes
     per_token = config.kv_bytes_per_token()
@@ -141,7 +142,7 @@ def _merge_cases(torch: Any) -> list[tuple[str, tuple[Any, ...], Any]]:
     ):
         gen = torch.Generator().manual_seed(seed)
         dim = 16
-        blocks = [-(-n // block) for n in lens]
+        blocks = [cdiv(n, block) for n in lens]
         num_blocks = sum(blocks)
         kc = torch.randn(num_blocks, block, kv_heads, dim, generator=gen, dtype=torch.float64)
         vc = torch.randn(num_blocks, block, kv_heads, dim, generator=gen, dtype=torch.float64)

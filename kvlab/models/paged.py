@@ -39,6 +39,9 @@ vLLM's cap of prompt length - 1 tokens).
 Token ids are kept in the blocks so views can show them. ``allocate`` and
 ``append`` accept either token ids or a bare count; a count writes
 ``UNKNOWN_TOKEN`` placeholders, which are never hashed or shared.
+
+Kept as one module (just over 500 lines): block tables, reference counts, fork and
+copy-on-write are one mechanism, and each rule reads the others' state.
 """
 
 from __future__ import annotations

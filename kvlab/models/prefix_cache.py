@@ -63,7 +63,7 @@ prompt; ``free`` is ``KVCacheManager.free``. The vocabulary (``block_table``,
 Hash names such as the lesson's "a1" are a display matter
 (``kvlab.lessons.ex07.HashLabels``); snapshots and events show short hex.
 
-This module is over 500 lines with its docstring because the cache's rules
+Kept as one module (over 500 lines with its docstring): the cache's rules
 (lookup, touch, take-and-evict, cache, free) share one state and only make
 sense together.
 """

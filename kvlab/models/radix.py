@@ -69,8 +69,8 @@ stands for its token-to-KV pool allocator, and a node's ``last_access`` is ``las
 A recording tree adds one step per operation with an ``Event`` (``radix.create``, ``radix.match``,
 ``radix.insert``, ``radix.lock``, ``radix.unlock``, ``radix.evict``); the words, and ``format_tree``
 (the lesson's indented print of a tree), are in ``kvlab.views.text.radix``; the lesson's run is
-``kvlab.lessons.ex08``. The module is longer than most because the clock, the split and the eviction
-heap must follow SGLang step for step for the conformance check to hold: one concept, kept whole.
+``kvlab.lessons.ex08``. Kept as one module, longer than most: the clock, the split and the eviction
+heap must follow SGLang step for step for the conformance check to hold.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from kvlab.core.snapshots import History, Step
-from kvlab.errors import InvalidArgumentError
+from kvlab.errors import InvalidArgumentError, cdiv
 from kvlab.views import theme
 from kvlab.views.text import caption
 from kvlab.views.theme import INK, TEMPLATE_NAME
@@ -219,7 +219,7 @@ def legend_height(
             used += entry
     else:  # columns as wide as the widest entry
         per_row = max(1, int(room // max(entries)))
-        rows = -(-len(entries) // per_row)
+        rows = cdiv(len(entries), per_row)
     return int(rows * (font_px + 18) + 8)  # a row is as tall as its symbols, about 29 px at 11 px text
 
 

@@ -1,0 +1,295 @@
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from kvlab.engine import paged_attention, paged_prefill, slot_mapping, write_kv_cache  # noqa: E402
+from kvlab.engine.attention import _torch_decode, check_decode_args  # noqa: E402
+from kvlab.errors import InvalidArgumentError  # noqa: E402
+
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}
+
+
+def make_case(
+    lens, block_size, num_kv_heads, group, head_dim=32, dtype=torch.float32, seed=0, spare_blocks=3
+):
+    """Dense per-sequence K/V scattered into shuffled physical blocks; unused table entries hold garbage."""
+    gen = torch.Generator().manual_seed(seed)
+    num_heads = num_kv_heads * group
+    keys = [torch.randn(n, num_kv_heads, head_dim, generator=gen).to(dtype) for n in lens]
+    values = [torch.randn(n, num_kv_heads, head_dim, generator=gen).to(dtype) for n in lens]
+    query = torch.randn(len(lens), num_heads, head_dim, generator=gen).to(dtype)
+    blocks_needed = [-(-n // block_size) for n in lens]
+    num_blocks = sum(blocks_needed) + spare_blocks
+    physical = torch.randperm(num_blocks, generator=gen)
+    width = max(blocks_needed) + 2
+    tables = torch.full((len(lens), width), 10**6, dtype=torch.int32)  # never read: far outside the pool
+    key_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen).to(dtype)
+    value_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen).to(dtype)
+    used = 0
+    for s, n in enumerate(lens):
+        for b in range(blocks_needed[s]):
+            block = int(physical[used])
+            used += 1
+            tables[s, b] = block
+            rows = slice(b * block_size, min(n, (b + 1) * block_size))
+            key_cache[block, : rows.stop - rows.start] = keys[s][rows]
+            value_cache[block, : rows.stop - rows.start] = values[s][rows]
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    return query, key_cache, value_cache, tables, seq_lens, keys, values
+
+
+def dense_f64(query, keys, values, scale=None):
+    """Float64 attention of each sequence's query row over its dense keys (the test's own oracle)."""
+    out = []
+    for s, (k, v) in enumerate(zip(keys, values, strict=True)):
+        q = query[s].double()
+        group = q.shape[0] // k.shape[1]
+        k2 = k.double().repeat_interleave(group, dim=1)
+        v2 = v.double().repeat_interleave(group, dim=1)
+        sc = scale if scale is not None else q.shape[-1] ** -0.5
+        w = torch.softmax(torch.einsum("hd,thd->ht", q, k2) * sc, dim=-1)
+        out.append(torch.einsum("ht,thd->hd", w, v2))
+    return torch.stack(out)
+
+
+LENS = [1, 7, 16, 17, 100, 300, 1100]  # 1100 tokens span several tiles of the torch walk
+
+
+@pytest.mark.parametrize("impl", ["reference", "torch"])
+@pytest.mark.parametrize("block_size", [1, 16, 64])
+@pytest.mark.parametrize("group", [1, 4, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_decode_matches_float64_dense_attention(impl, block_size, group, dtype):
+    q, kc, vc, bt, sl, keys, values = make_case(
+        LENS, block_size, 2, group, dtype=dtype, seed=block_size + group
+    )
+    out = paged_attention(q, kc, vc, bt, sl, impl=impl)
+    assert out.dtype == dtype and out.shape == q.shape
+    torch.testing.assert_close(out.double(), dense_f64(q, keys, values), atol=TOLERANCE[dtype], rtol=0)
+
+
+def test_torch_decode_in_bfloat16_and_float64():
+    for dtype, atol in ((torch.bfloat16, 1e-2), (torch.float64, 1e-12)):
+        q, kc, vc, bt, sl, keys, values = make_case([3, 40, 270], 16, 2, 4, dtype=dtype)
+        out = paged_attention(q, kc, vc, bt, sl, impl="torch")
+        torch.testing.assert_close(out.double(), dense_f64(q, keys, values), atol=atol, rtol=0)
+
+
+def test_auto_is_torch_on_the_cpu_and_scale_is_used():
+    q, kc, vc, bt, sl, keys, values = make_case([5, 33], 16, 1, 2)
+    auto = paged_attention(q, kc, vc, bt, sl, scale=0.3)
+    torch.testing.assert_close(
+        auto, paged_attention(q, kc, vc, bt, sl, scale=0.3, impl="torch"), atol=0, rtol=0
+    )
+    torch.testing.assert_close(auto.double(), dense_f64(q, keys, values, scale=0.3), atol=1e-5, rtol=0)
+
+
+def test_shared_blocks_and_an_int64_table():
+    """Two sequences may share physical blocks (a prefix hit); a table may be int64."""
+    q, kc, vc, bt, sl, keys, values = make_case([40], 16, 2, 4)
+    tables = torch.stack([bt[0], bt[0]]).to(torch.int64)
+    query = torch.cat([q, q.flip(-1)])
+    out = paged_attention(query, kc, vc, tables, torch.tensor([40, 20]), impl="torch")
+    expected = dense_f64(query, [keys[0], keys[0][:20]], [values[0], values[0][:20]])
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=0)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    lens=st.lists(st.integers(1, 90), min_size=1, max_size=5),
+    block_size=st.sampled_from([1, 2, 5, 16, 32]),
+    group=st.sampled_from([1, 2, 4]),
+    tile_tokens=st.sampled_from([None, 1, 16, 40]),
+    seed=st.integers(0, 2**16),
+)
+def test_torch_walk_equals_the_reference_on_random_shapes(lens, block_size, group, tile_tokens, seed):
+    """Any tile size (several tiles per sequence, a padded last tile) gives the reference's answer."""
+    q, kc, vc, bt, sl, _, _ = make_case(lens, block_size, 2, group, head_dim=16, seed=seed)
+    shape, scale = check_decode_args(q, kc, vc, bt, sl, None)
+    torch.testing.assert_close(
+        _torch_decode(q, kc, vc, bt, sl, scale, shape, tile_tokens=tile_tokens),
+        paged_attention(q, kc, vc, bt, sl, impl="reference"),
+        atol=1e-5,
+        rtol=0,
+    )
+
+
+def test_no_sequences_gives_an_empty_result():
+    kc = torch.zeros(2, 4, 1, 8)
+    out = paged_attention(
+        torch.zeros(0, 2, 8),
+        kc,
+        kc.clone(),
+        torch.zeros(0, 1, dtype=torch.int32),
+        torch.zeros(0, dtype=torch.int32),
+    )
+    assert out.shape == (0, 2, 8)
+
+
+# ---------------------------------------------------------------- slot mapping and prefill
+
+
+def test_slot_mapping_is_the_lessons_example_2():
+    a = torch.tensor([7, 2, 9])
+    assert slot_mapping(a, torch.tensor([0, 15, 16, 36]), 16).tolist() == [112, 127, 32, 148]
+    assert slot_mapping(torch.tensor([4, 0]), torch.tensor([19]), 16).tolist() == [3]
+
+
+def test_write_kv_cache_stores_rows_at_their_slots_and_skips_minus_one():
+    kc = torch.zeros(3, 4, 2, 8)
+    vc = torch.zeros(3, 4, 2, 8)
+    key = torch.randn(3, 2, 8)
+    value = torch.randn(3, 2, 8)
+    write_kv_cache(key, value, kc, vc, torch.tensor([9, -1, 2]))
+    assert torch.equal(kc[2, 1], key[0]) and torch.equal(vc[0, 2], value[2])
+    assert int((kc != 0).any(dim=(2, 3)).sum()) == 2
+
+
+def causal_f64(query, keys, values, q_len):
+    """Float64 causal attention of the last ``q_len`` positions over all ``len(keys)`` positions."""
+    t = keys.shape[0]
+    group = query.shape[1] // keys.shape[1]
+    k = keys.double().repeat_interleave(group, dim=1)
+    v = values.double().repeat_interleave(group, dim=1)
+    scores = torch.einsum("nhd,thd->hnt", query.double(), k) * query.shape[-1] ** -0.5
+    allowed = torch.arange(t)[None, :] <= torch.arange(t - q_len, t)[:, None]
+    w = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+    return torch.einsum("hnt,thd->nhd", w, v)
+
+
+@pytest.mark.parametrize("impl", ["reference", "torch"])
+@pytest.mark.parametrize("block_size", [1, 16, 64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_prefill_writes_through_the_slot_mapping_and_attends_causally(impl, block_size, dtype):
+    """Three sequences: a 70-token cached prefix + 9 new tokens, a brand new one, and 10 cached + 30 new."""
+    gen = torch.Generator().manual_seed(block_size)
+    hkv, group, dim = 2, 4, 32
+    total = [79, 33, 40]
+    new = [9, 33, 30]
+    keys = [torch.randn(t, hkv, dim, generator=gen).to(dtype) for t in total]
+    values = [torch.randn(t, hkv, dim, generator=gen).to(dtype) for t in total]
+    queries = [torch.randn(n, hkv * group, dim, generator=gen).to(dtype) for n in new]
+    blocks = [-(-t // block_size) for t in total]
+    num_blocks = sum(blocks) + 2
+    physical = torch.randperm(num_blocks, generator=gen).tolist()
+    tables = torch.zeros(len(total), max(blocks), dtype=torch.int32)
+    kc = torch.zeros(num_blocks, block_size, hkv, dim, dtype=dtype)
+    vc = torch.zeros_like(kc)
+    for s, t in enumerate(total):
+        tables[s, : blocks[s]] = torch.tensor([physical.pop() for _ in range(blocks[s])])
+        cached = t - new[s]  # a prefix hit: written by an earlier request
+        slots = slot_mapping(tables[s], torch.arange(cached), block_size)
+        write_kv_cache(keys[s][:cached], values[s][:cached], kc, vc, slots)
+    out = paged_prefill(
+        torch.cat(queries),
+        torch.cat([k[t - n :] for k, t, n in zip(keys, total, new, strict=True)]),
+        torch.cat([v[t - n :] for v, t, n in zip(values, total, new, strict=True)]),
+        kc,
+        vc,
+        tables,
+        torch.tensor(total),
+        torch.tensor(new),
+        impl=impl,
+    )
+    expected = torch.cat([causal_f64(queries[s], keys[s], values[s], new[s]) for s in range(len(total))])
+    torch.testing.assert_close(out.double(), expected, atol=TOLERANCE[dtype], rtol=0)
+    # every token's K/V is now in the pool, where decode reads it
+    q_next = torch.randn(len(total), hkv * group, dim, generator=gen).to(dtype)
+    decoded = paged_attention(q_next, kc, vc, tables, torch.tensor(total), impl="torch")
+    torch.testing.assert_close(
+        decoded.double(), dense_f64(q_next, keys, values), atol=TOLERANCE[dtype], rtol=0
+    )
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def good_case():
+    return make_case([5, 20], 4, 2, 2)[:5]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda a: {**a, "query": a["query"][:, :, :16]}, "head_dim"),
+        (lambda a: {**a, "query": a["query"].double()}, "dtype"),
+        (lambda a: {**a, "value_cache": a["value_cache"][:, :2]}, "same shape"),
+        (lambda a: {**a, "query": a["query"][:, :3]}, "multiple of num_kv_heads"),
+        (lambda a: {**a, "block_tables": a["block_tables"].float()}, "integers"),
+        (lambda a: {**a, "seq_lens": a["seq_lens"].float()}, "integers"),
+        (lambda a: {**a, "seq_lens": torch.tensor([5, 200], dtype=torch.int32)}, "block table holds"),
+        (lambda a: {**a, "seq_lens": torch.tensor([0, 20], dtype=torch.int32)}, "at least 1"),
+        (lambda a: {**a, "block_tables": a["block_tables"][:1]}, "one of each per sequence"),
+        (lambda a: {**a, "query": a["query"][0]}, "3 dimensions"),
+        (lambda a: {**a, "key_cache": "keys"}, "torch.Tensor"),
+    ],
+)
+def test_bad_decode_arguments_are_rejected_with_a_clear_message(change, message):
+    q, kc, vc, bt, sl = good_case()
+    args = change({"query": q, "key_cache": kc, "value_cache": vc, "block_tables": bt, "seq_lens": sl})
+    with pytest.raises(InvalidArgumentError, match=message):
+        paged_attention(**args)
+
+
+def test_table_entries_outside_the_pool_are_named():
+    q, kc, vc, bt, sl = good_case()
+    for bad in (kc.shape[0], -1):
+        tables = bt.clone()
+        tables[1, 2] = bad
+        with pytest.raises(InvalidArgumentError, match=r"block_tables\[1, 2\] = .* outside the pool"):
+            paged_attention(q, kc, vc, tables, sl)
+
+
+def test_bad_impl_and_scale():
+    q, kc, vc, bt, sl = good_case()
+    with pytest.raises(InvalidArgumentError, match="unknown impl"):
+        paged_attention(q, kc, vc, bt, sl, impl="cuda")
+    with pytest.raises(InvalidArgumentError, match="not implemented"):
+        paged_attention(q, kc, vc, bt, sl, impl="flex")
+    for scale in (0, -1.0, float("nan"), "0.1", True):
+        with pytest.raises(InvalidArgumentError, match="scale"):
+            paged_attention(q, kc, vc, bt, sl, scale=scale)
+    with pytest.raises(InvalidArgumentError, match="float64"):
+        paged_attention(q.double(), kc.double(), vc.double(), bt, sl, impl="triton")
+
+
+def test_a_rejected_prefill_writes_nothing():
+    kc = torch.zeros(4, 4, 1, 8)
+    vc = torch.zeros(4, 4, 1, 8)
+    q = torch.randn(3, 2, 8)
+    k = torch.randn(3, 1, 8)
+    tables = torch.tensor([[0, 1]], dtype=torch.int32)
+    cases = [
+        ({"query_lens": torch.tensor([2])}, "add up"),
+        ({"seq_lens": torch.tensor([2])}, "cannot exceed"),
+        ({"seq_lens": torch.tensor([9])}, "block table holds"),
+        ({"block_tables": torch.tensor([[0, 7]], dtype=torch.int32)}, "outside the pool"),
+        ({"key": k.half()}, "dtype"),
+        ({"impl": "triton"}, "unknown impl"),
+    ]
+    for change, message in cases:
+        args = {
+            "query": q,
+            "key": k,
+            "value": k.clone(),
+            "key_cache": kc,
+            "value_cache": vc,
+            "block_tables": tables,
+            "seq_lens": torch.tensor([5]),
+            "query_lens": torch.tensor([3]),
+        } | change
+        with pytest.raises(InvalidArgumentError, match=message):
+            paged_prefill(**args)
+        assert not kc.any() and not vc.any()
+
+
+def test_write_kv_cache_rejects_slots_outside_the_pool():
+    kc = torch.zeros(2, 4, 1, 8)
+    with pytest.raises(InvalidArgumentError, match="outside the pool"):
+        write_kv_cache(torch.ones(1, 1, 8), torch.ones(1, 1, 8), kc, kc.clone(), torch.tensor([8]))
+    with pytest.raises(InvalidArgumentError, match="one per token"):
+        write_kv_cache(torch.ones(2, 1, 8), torch.ones(2, 1, 8), kc, kc.clone(), torch.tensor([1]))
+    assert not kc.any()

@@ -1,0 +1,22 @@
+"""Notebook 05's checkers (a shared system prompt): right answers pass, common wrong ones get a message naming the mistake."""
+
+from __future__ import annotations
+
+import kvlab.exercises as ex
+
+
+def test_notebook_05_exercises_are_registered_in_order():
+    ids = [e.id for e in ex.exercises("05")]
+    assert ids == [f"05.{k}" for k in range(1, len(ids) + 1)] and 2 <= len(ids) <= 4
+
+
+def test_05_checkers_name_the_mistake():
+    assert ex.check("05.1", [0, 1, 2, 3, 4, 9]).right
+    assert "never registered" in ex.check("05.1", [0, 1, 2, 3, 4, 5]).message
+    assert "take 6 blocks" in ex.check("05.1", [0, 1, 2, 3, 4]).message
+    assert "block 4 holds" in ex.check("05.1", [0, 1, 2, 3, 9, 10]).message
+    assert ex.check("05.2", 39).right
+    assert "reuses" in ex.check("05.2", 64).message
+    assert "whole blocks" in ex.check("05.2", 33).message
+    assert ex.check("05.3", lambda s, bs: s // bs * bs).right
+    assert "different number" in ex.check("05.3", lambda s, bs: s).message

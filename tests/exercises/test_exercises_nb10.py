@@ -1,0 +1,50 @@
+"""Notebook 10's checkers: right answers pass, the common wrong ones get a message that names the mistake."""
+
+from __future__ import annotations
+
+import kvlab.exercises as ex
+from kvlab.core.chat_format import Tokenizer
+from kvlab.exercises.nb10 import MESSAGES, _first_requests
+from kvlab.lessons.ex10 import EXAMPLE_SYSTEM, LESSON_APPEND_ONLY
+from kvlab.server.conversation import replay_chat
+from kvlab.server.slots import SlotServer
+
+
+def test_notebook_10_has_three_exercises():
+    assert [e.id for e in ex.exercises("10")] == ["10.1", "10.2", "10.3"]
+
+
+def test_the_notebooks_messages_give_the_lessons_prompt_sizes():
+    turns = replay_chat(
+        MESSAGES, system=EXAMPLE_SYSTEM, server=SlotServer(1, cache_ram_mib=0), tokenizer=Tokenizer()
+    )
+    assert [t.counters for t in turns] == list(LESSON_APPEND_ONLY)
+
+
+def test_turn_five():
+    result = ex.check("10.1", [107, 15])
+    assert result.right and "7 of the 8" in result.message
+    assert "last sampled token" in ex.check("10.1", [108, 14]).message
+    assert "more than the prompt" in ex.check("10.1", [100, 22]).message
+    assert "size of turn 5's prompt" in ex.check("10.1", [122, 0]).message
+    assert "prompt_n is the rest" in ex.check("10.1", [107, 22]).message
+    assert "[cache_n, prompt_n]" in ex.check("10.1", [107]).message
+
+
+def test_the_token_that_is_never_cached():
+    assert ex.check("10.2", 60).right
+    assert "never computed" in ex.check("10.2", 61).message
+    assert "whole new prompt" in ex.check("10.2", 71).message
+    assert "*whole* prompt" in ex.check("10.2", 59).message
+
+
+def test_which_slot_the_second_agent_gets():
+    records = _first_requests()
+    assert (records["coder"].slot_id, records["coder"].prompt_tokens) == (1, 42)
+    assert (records["planner"].selected_by, records["planner"].prompt_tokens) == ("lcp", 41)
+    result = ex.check("10.3", [1, 6])
+    assert result.right and "0.15" in result.message
+    assert "similarity first" in ex.check("10.3", [0, 0]).message
+    assert "share nothing" in ex.check("10.3", [1, 0]).message
+    assert "Count the shared tokens again" in ex.check("10.3", [1, 3]).message
+    assert "two slots" in ex.check("10.3", [2, 6]).message

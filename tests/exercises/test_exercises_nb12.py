@@ -1,0 +1,59 @@
+"""Notebook 12's checkers: right answers pass, the common wrong ones get a message that names the mistake."""
+
+from __future__ import annotations
+
+import kvlab.exercises as ex
+from kvlab.exercises.nb12 import _ring_reuses, _smallest_ring_reuse
+from kvlab.server.swa import checkpoint_plan
+
+
+def test_notebook_12_has_four_exercises():
+    assert [e.id for e in ex.exercises("12")] == ["12.1", "12.2", "12.3", "12.4"]
+
+
+def test_usable_or_not():
+    assert ex.check("12.1", [True, False, True, False]).right
+    assert ex.check("12.1", (True, False, True, False)).right
+    assert (
+        "B: it ends at 1836, after the reuse point 1400"
+        in ex.check("12.1", [True, True, True, False]).message
+    )
+    assert "C: it starts at position 0" in ex.check("12.1", [True, False, False, False]).message
+    assert (
+        "D: continuing at 350 needs positions from 222" in ex.check("12.1", [True, False, True, True]).message
+    )
+    assert "True or False" in ex.check("12.1", [1, 0, 1, 0]).message
+    assert "True or False" in ex.check("12.1", [True, False, True]).message
+
+
+def test_smallest_ring_reuse_is_found_by_running_the_slot():
+    n = _smallest_ring_reuse()
+    assert _ring_reuses(n) and not _ring_reuses(n - 1)
+    assert ex.check("12.2", n).right
+    assert "strict" in ex.check("12.2", n - 1).message
+    assert "oldest position the cells hold" in ex.check("12.2", 1073).message
+    assert "follow-up" in ex.check("12.2", 1713).message
+    assert "give a smaller number" in ex.check("12.2", 1841).message
+    assert "a smaller shared prefix works too" in ex.check("12.2", 1500).message
+    assert "would need positions from 872" in ex.check("12.2", 1000).message
+    assert ex.check("12.2", 1202.0).status == ex.NOT_YET  # an int is asked for
+
+
+def test_checkpoint_placement():
+    right = [c.n_tokens for c in checkpoint_plan(3000)]
+    assert ex.check("12.3", right).right
+    assert "one more than pos_max" in ex.check("12.3", [c.pos_max for c in checkpoint_plan(3000)]).message
+    assert "oldest first" in ex.check("12.3", right[::-1]).message
+    assert "gets 2 checkpoints" in ex.check("12.3", right[1:]).message
+    assert "4 tokens" in ex.check("12.3", [2488, 3000]).message
+    assert "whole numbers" in ex.check("12.3", ["2484", 2996]).message
+
+
+def test_chat_cache_n():
+    result = ex.check("12.4", [344, 76])
+    assert result.right and "taken at 345 tokens" in result.message
+    assert "--swa-full" in ex.check("12.4", [400, 20]).message
+    assert "restarts at its last position, 344" in ex.check("12.4", [345, 75]).message
+    assert "Not a full re-processing" in ex.check("12.4", [0, 420]).message
+    assert "always the prompt's length, 420" in ex.check("12.4", [344, 70]).message
+    assert "[cache_n, prompt_n]" in ex.check("12.4", [344]).message
