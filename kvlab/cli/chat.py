@@ -24,11 +24,15 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def _positive(text: str) -> int:
+def _whole_number(text: str) -> int:
     try:
-        value = int(text)
+        return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+
+
+def _positive(text: str) -> int:
+    value = _whole_number(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
@@ -42,10 +46,7 @@ def _block_size(text: str) -> int:
 
 
 def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    value = _whole_number(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
     if value > MAX_SYSTEM_TOKENS:

@@ -359,6 +359,25 @@ EMPTY = -1
 """An SWA cell that holds no position."""
 
 
+class HeldPositions:
+    """``pos_min``/``pos_max`` of the positions in ``self.cells`` (llama.cpp's ``seq_pos_min``/``seq_pos_max``).
+
+    Shared by the live ring (``kvlab.server.swa.SwaRing``) and its snapshot (``SwaState``), so both
+    answer the same; ``EMPTY`` when no cell holds a position.
+    """
+
+    __slots__ = ()
+
+    @property
+    def pos_min(self) -> int:
+        held = [p for p in self.cells if p != EMPTY]  # type: ignore[attr-defined]
+        return min(held) if held else EMPTY
+
+    @property
+    def pos_max(self) -> int:
+        return max(self.cells, default=EMPTY)  # type: ignore[attr-defined]
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     """A copy of the slot's SWA cells taken when ``n_tokens`` prompt tokens had been processed.
@@ -378,7 +397,7 @@ class Checkpoint:
 
 
 @dataclass(frozen=True)
-class SwaState:
+class SwaState(HeldPositions):
     """The slot after one step: ring cells (positions, -1 empty), head, tokens held, checkpoints."""
 
     cells: tuple[int, ...]
@@ -388,15 +407,6 @@ class SwaState:
     batch: tuple[int, int] | None = None  # the batch this step decoded
     created: Checkpoint | None = None  # checkpoint taken in this step
     restored: Checkpoint | None = None
-
-    @property
-    def pos_min(self) -> int:
-        held = [p for p in self.cells if p != EMPTY]
-        return min(held) if held else EMPTY
-
-    @property
-    def pos_max(self) -> int:
-        return max(self.cells, default=EMPTY)
 
 
 # ---------------------------------------------------------------- agent turns (example 13)

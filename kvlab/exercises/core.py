@@ -277,6 +277,30 @@ def call(function: Callable[..., Any], *args: Any) -> Any:
     return out
 
 
+def call_for_list(function: Callable[..., Any], what: str, *args: Any) -> list[Any]:
+    """``call`` for a function that must return a list (a tuple is accepted); ``what`` names the list."""
+    got = call(function, *args)
+    if not isinstance(got, (list, tuple)):
+        raise NotYet(f"Return {what}; got {type(got).__name__}.")
+    return list(got)
+
+
+def whole(value: Any) -> bool:
+    """Whether ``value`` is a whole number as an answer needs it: an int, not a bool."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def all_whole(values: Any) -> bool:
+    """Whether every item of ``values`` is ``whole`` (True for no items)."""
+    return all(whole(v) for v in values)
+
+
+def expect_two_whole(answer: list[Any], what: str) -> None:
+    """``NotYet`` unless ``answer`` is two whole numbers; ``what`` says which, e.g. ``"[cache_n, prompt_n]"``."""
+    if len(answer) != 2 or not all_whole(answer):
+        raise NotYet(f"Give two whole numbers: {what}.")
+
+
 def _evaluate(ex: Exercise, answer: Any) -> tuple[str, str]:
     """(status, message) for ``answer``; never raises."""
     done_msg = "Replace every ... with your answer, then run the cell again."

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from kvlab.exercises.core import NotYet, call, exercise
+from kvlab.exercises.core import NotYet, all_whole, call, exercise
 from kvlab.lessons.ex01 import exact_fit, reserve_max
 from kvlab.models.contiguous import ContiguousPool
 
@@ -61,7 +61,7 @@ def gaps_after_500(answer: list[Any]) -> str:
     before = pool.gap_sizes()
     pool.reserve("q6", 500)
     expected = pool.gap_sizes()
-    if not all(isinstance(g, int) and not isinstance(g, bool) for g in answer):
+    if not all_whole(answer):
         raise NotYet("Give the gap sizes as whole numbers, e.g. [10, 20, 30].")
     if answer == expected:
         return f"q6 went into the first gap; the free space is now split {expected}."

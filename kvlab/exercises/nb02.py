@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvlab.errors import brief
-from kvlab.exercises.core import NotYet, call, exercise
+from kvlab.exercises.core import NotYet, all_whole, call, exercise, whole
 from kvlab.lessons.ex02 import example_2
 from kvlab.models.paged import BlockPool
 
@@ -29,10 +29,6 @@ def _lesson_pool() -> BlockPool:
         pool.allocate(seq, n)
     assert {s: pool.block_table(s) for s in ex.tables} == ex.tables
     return pool
-
-
-def _whole(answer: Any) -> bool:
-    return isinstance(answer, int) and not isinstance(answer, bool)
 
 
 @exercise(
@@ -83,7 +79,7 @@ def blocks_for_lengths(answer: list[Any]) -> str:
     expected = [pool.blocks_needed(n) for n in LENGTHS]
     if len(answer) != len(LENGTHS):
         raise NotYet(f"Give one number per length: {len(LENGTHS)} numbers for {LENGTHS}.")
-    if not all(_whole(a) for a in answer):
+    if not all_whole(answer):
         raise NotYet("Give whole numbers of blocks, e.g. [1, 2, 3].")
     if answer == expected:
         return (
@@ -150,7 +146,7 @@ def whose_slot(answer: list[Any]) -> str:
     owner = next(
         ((s, p) for s in ("A", "B") for p, slot in enumerate(pool.slot_mapping(s)) if slot == WHOSE_SLOT)
     )
-    if len(answer) != 2 or not isinstance(answer[0], str) or not _whole(answer[1]):
+    if len(answer) != 2 or not isinstance(answer[0], str) or not whole(answer[1]):
         raise NotYet("Give a sequence name and a position, e.g. ['B', 3].")
     seq, pos = answer
     if [seq, pos] == list(owner):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvlab.exercises.core import NotYet, call, exercise
+from kvlab.exercises.core import NotYet, all_whole, call, exercise
 from kvlab.lessons.ex05 import shared_prefix, system_prompt_request
 
 SYSTEM = 70
@@ -35,7 +35,7 @@ def repeated_request_table(answer: list[Any]) -> str:
     ex = shared_prefix([*_lesson_prompts(), system_prompt_request(*REQUEST_1)], block_size=16)
     third = ex.requests[2]
     expected = list(third.block_table)
-    if not all(isinstance(b, int) and not isinstance(b, bool) for b in answer):
+    if not all_whole(answer):
         raise NotYet("Give the block table as a list of block ids, e.g. [0, 1, 2].")
     if answer == expected:
         return (

@@ -9,7 +9,7 @@ from typing import Any
 
 from kvlab.core.hashing import block_hashes
 from kvlab.errors import brief
-from kvlab.exercises.core import NotYet, call, exercise
+from kvlab.exercises.core import NotYet, all_whole, call, call_for_list, exercise
 from kvlab.lessons.ex06 import LESSON_EXAMPLE_6_BASE
 from kvlab.models.prefix_cache import PrefixCache
 
@@ -37,7 +37,7 @@ def changed_blocks(answer: list[Any]) -> str:
     base = block_hashes(LESSON_EXAMPLE_6_BASE, 4)
     edited = block_hashes(_edited(), 4)
     expected = [i for i, (a, b) in enumerate(zip(base, edited, strict=True)) if a != b]
-    if not all(isinstance(i, int) and not isinstance(i, bool) for i in answer):
+    if not all_whole(answer):
         raise NotYet("Give block indices as whole numbers, e.g. [0, 2].")
     if sorted(answer) == expected:
         return (
@@ -77,10 +77,7 @@ def chain(answer: Any) -> str:
     ]
     for tokens, block_size in cases:
         expected = block_hashes(tokens, block_size)
-        got = call(answer, list(tokens), block_size)
-        if not isinstance(got, (list, tuple)):
-            raise NotYet(f"Return a list of digests (bytes), one per full block; got {type(got).__name__}.")
-        got = list(got)
+        got = call_for_list(answer, "a list of digests (bytes), one per full block", list(tokens), block_size)
         if got == expected:
             continue
         shown = f"chain({brief(tokens, 40)}, {block_size})"

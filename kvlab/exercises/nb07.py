@@ -10,7 +10,7 @@ import random
 from typing import Any
 
 from kvlab.errors import OutOfBlocksError
-from kvlab.exercises.core import NotYet, call, exercise
+from kvlab.exercises.core import NotYet, all_whole, call_for_list, exercise
 from kvlab.lessons.ex07 import NUM_BLOCKS, HashLabels, run_example_7
 from kvlab.models.prefix_cache import PrefixCache
 
@@ -28,10 +28,6 @@ def _lesson_cache() -> tuple[PrefixCache, HashLabels]:
     for _ in run_example_7(cache, labels):
         pass
     return cache, labels
-
-
-def _is_int_list(values: list[Any]) -> bool:
-    return all(isinstance(v, int) and not isinstance(v, bool) for v in values)
 
 
 @exercise(
@@ -52,7 +48,7 @@ def queue_after_d(answer: list[Any]) -> str:
     before = cache.free_queue()
     cache.free("D")
     expected = cache.free_queue()
-    if not _is_int_list(answer):
+    if not all_whole(answer):
         raise NotYet("Give block ids as whole numbers, front of the queue first, e.g. [1, 2, 3].")
     if answer == expected:
         return (
@@ -130,7 +126,7 @@ def front_rule(answer: list[Any]) -> str:
     cache.free("P")
     cache.free("Q")
     expected = cache.free_queue()
-    if not _is_int_list(answer):
+    if not all_whole(answer):
         raise NotYet("Give block ids as whole numbers, front of the queue first.")
     if answer == expected:
         return (
@@ -172,10 +168,14 @@ def front_rule(answer: list[Any]) -> str:
 def release(answer: Any) -> str:
     cases = _release_cases()
     for queue, table, ref_counts, hashed, expected in cases:
-        got = call(answer, list(queue), list(table), dict(ref_counts), set(hashed))
-        if not isinstance(got, (list, tuple)):
-            raise NotYet(f"Return the new free queue as a list of block ids; got {type(got).__name__}.")
-        got = list(got)
+        got = call_for_list(
+            answer,
+            "the new free queue as a list of block ids",
+            list(queue),
+            list(table),
+            dict(ref_counts),
+            set(hashed),
+        )
         if got == expected:
             continue
         shown = f"release({queue}, {table}, {ref_counts}, {sorted(hashed)})"

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvlab.errors import brief
-from kvlab.exercises.core import NotYet, call, exercise
+from kvlab.exercises.core import NotYet, all_whole, call, exercise, expect_two_whole
 from kvlab.lessons.ex05 import system_prompt_request
 from kvlab.lessons.ex08 import EXAMPLE_8_PROMPTS, EXAMPLE_8_REQUEST
 from kvlab.models.radix import RadixTree
@@ -31,10 +31,6 @@ def _lesson_tree(page_size: int = 1) -> RadixTree:
     return tree
 
 
-def _is_int_list(values: list[Any]) -> bool:
-    return all(isinstance(v, int) and not isinstance(v, bool) for v in values)
-
-
 @exercise(
     "08.1",
     title="How far does each request match?",
@@ -50,7 +46,7 @@ def _is_int_list(values: list[Any]) -> bool:
 )
 def matched_lengths(answer: list[Any]) -> str:
     expected = [_lesson_tree().match(list(r)).matched_len for r in NEW_REQUESTS]
-    if len(answer) != len(expected) or not _is_int_list(answer):
+    if len(answer) != len(expected) or not all_whole(answer):
         raise NotYet(f"Give {len(expected)} whole numbers, one per request, in the order listed.")
     if answer == expected:
         return (
@@ -89,7 +85,7 @@ def evicted_runs(answer: list[Any]) -> str:
     tree.lock(hit.node)
     runs = tree.evict(EVICT_TOKENS)
     expected = [list(r) for r in runs]
-    if not all(isinstance(r, (list, tuple)) and _is_int_list(list(r)) for r in answer):
+    if not all(isinstance(r, (list, tuple)) and all_whole(r) for r in answer):
         raise NotYet("Give a list of runs, each a list of token ids, e.g. [[1, 2], [3]].")
     got = [list(r) for r in answer]
     if got == expected:
@@ -163,8 +159,7 @@ def page_size_four(answer: list[Any]) -> str:
     stored = tree.total_tokens
     matched = tree.match(list(EXAMPLE_8_REQUEST)).matched_len
     expected = [matched, stored]
-    if len(answer) != 2 or not _is_int_list(answer):
-        raise NotYet("Give two whole numbers: [tokens matched, tokens stored].")
+    expect_two_whole(answer, "[tokens matched, tokens stored]")
     if answer == expected:
         return (
             f"The request keeps {matched} of its {len(EXAMPLE_8_REQUEST)} tokens (whole pages only) and all of them "

@@ -5,44 +5,28 @@ The expected answers come from ``kvlab.server.layout.run_layout``; nothing here 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
 from kvlab.exercises.core import NotYet, exercise
-from kvlab.lessons.ex09 import LESSON_LAYOUTS
-from kvlab.server.layout import (
-    AgentSession,
-    LayoutRun,
-    Segment,
-    history,
-    new_message,
-    run_layout,
-    system_prompt,
-    timestamp,
-    tool_definitions,
-)
+from kvlab.lessons.ex09 import LESSON_LAYOUTS, LESSON_SEGMENTS, LESSON_STABLE_ORDER
+from kvlab.server.layout import AgentSession, LayoutRun, Segment, run_layout, tool_definitions
 
-SEGMENTS: dict[str, Callable[[], Segment]] = {
-    "timestamp": timestamp,
-    "system prompt": system_prompt,
-    "tools": tool_definitions,
-    "history": history,
-    "new message": new_message,
-}
-STABLE = ["system prompt", "tools", "history", "new message"]  # the lesson's stable order
 FIXED = ["system prompt", "tools"]  # the parts that never change
 LONGER_SESSION = 11  # exercise 09.3: the session goes on for an 11th turn
 
 
 def _run(names: list[str]) -> LayoutRun:
-    return run_layout([SEGMENTS[n]() for n in names], name=" / ".join(names))
+    return run_layout([LESSON_SEGMENTS[n]() for n in names], name=" / ".join(names))
 
 
 @lru_cache(maxsize=1)
 def _best_timestamp_rate() -> float:
     """The highest hit rate over every place the timestamp can take in the stable order."""
-    return max(_run(STABLE[:i] + ["timestamp"] + STABLE[i:]).hit_rate for i in range(len(STABLE) + 1))
+    return max(
+        _run(LESSON_STABLE_ORDER[:i] + ["timestamp"] + LESSON_STABLE_ORDER[i:]).hit_rate
+        for i in range(len(LESSON_STABLE_ORDER) + 1)
+    )
 
 
 @exercise(
@@ -59,12 +43,12 @@ def _best_timestamp_rate() -> float:
 )
 def place_timestamp(answer: list[Any]) -> str:
     if not all(isinstance(n, str) for n in answer):
-        raise NotYet(f"Give the segment names as strings, e.g. {STABLE[:2]}.")
-    unknown = [n for n in answer if n not in SEGMENTS]
+        raise NotYet(f"Give the segment names as strings, e.g. {LESSON_STABLE_ORDER[:2]}.")
+    unknown = [n for n in answer if n not in LESSON_SEGMENTS]
     if unknown:
-        raise NotYet(f"Unknown segment name(s) {unknown}: use {list(SEGMENTS)}.")
-    if sorted(answer) != sorted(SEGMENTS):
-        raise NotYet(f"Use each of the five segments exactly once: {list(SEGMENTS)}.")
+        raise NotYet(f"Unknown segment name(s) {unknown}: use {list(LESSON_SEGMENTS)}.")
+    if sorted(answer) != sorted(LESSON_SEGMENTS):
+        raise NotYet(f"Use each of the five segments exactly once: {list(LESSON_SEGMENTS)}.")
     rate = _run(answer).hit_rate
     best = _best_timestamp_rate()
     if rate >= best - 1e-12:
@@ -117,7 +101,10 @@ def _sorted_tools() -> Segment:
     ],
 )
 def sorted_tools_rate(answer: float) -> str:
-    expected = 100 * run_layout([system_prompt(), _sorted_tools(), history(), new_message()]).hit_rate
+    sorted_layout = [
+        _sorted_tools() if name == "tools" else LESSON_SEGMENTS[name]() for name in LESSON_STABLE_ORDER
+    ]
+    expected = 100 * run_layout(sorted_layout).hit_rate
     shuffled = 100 * run_layout(LESSON_LAYOUTS["tools in random order"]()).hit_rate
     if 0 < answer <= 1 and abs(100 * answer - expected) < 0.05:
         raise NotYet(f"{answer} looks like a fraction; give a percentage (a number from 0 to 100).")

@@ -10,7 +10,7 @@ from typing import Any
 
 from kvlab.core.chat_format import Message, Tokenizer, render, reply_tokens
 from kvlab.core.snapshots import RequestRecord
-from kvlab.exercises.core import NotYet, exercise
+from kvlab.exercises.core import NotYet, exercise, expect_two_whole
 from kvlab.lessons.ex10 import EXAMPLE_SYSTEM, LESSON_MAX_TOKENS
 from kvlab.server.conversation import replay_chat
 from kvlab.server.slots import SlotServer
@@ -27,10 +27,6 @@ LOOKALIKE_SYSTEMS = {
     "planner": "You are a travel planner. Suggest trains before flights, keep to the budget, and answer in short lines.",
 }
 LOOKALIKE_FIRST = {"coder": "List the files in src.", "planner": "Plan a weekend in Lyon."}
-
-
-def _whole(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @exercise(
@@ -52,8 +48,7 @@ def turn_five(answer: list[Any]) -> str:
     )  # fmt: skip
     fourth, fifth = turns[3], turns[4]
     expected = [fifth.cache_n, fifth.prompt_n]
-    if len(answer) != 2 or not all(_whole(a) for a in answer):
-        raise NotYet("Give two whole numbers: [cache_n, prompt_n].")
+    expect_two_whole(answer, "[cache_n, prompt_n]")
     if answer == expected:
         return (
             f"The slot held turn 4's {fourth.prompt_tokens} prompt tokens and {LESSON_MAX_TOKENS - 1} of the "
@@ -136,8 +131,7 @@ def second_agent_slot(answer: list[Any]) -> str:
     records = _first_requests()
     coder, planner = records["coder"], records["planner"]
     expected = [planner.slot_id, planner.cache_n]
-    if len(answer) != 2 or not all(_whole(a) for a in answer):
-        raise NotYet("Give two whole numbers: [slot, cache_n].")
+    expect_two_whole(answer, "[slot, cache_n]")
     if answer == expected:
         return (
             f"{planner.cache_n} shared tokens out of {planner.prompt_tokens} is a similarity of "

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from kvlab.errors import KvlabError
-from kvlab.exercises.core import NotYet, exercise
+from kvlab.exercises.core import NotYet, all_whole, exercise
 from kvlab.server.slot_files import (
     LLAMA_8B,
     TINY_MODEL,
@@ -31,10 +31,6 @@ BREAK_EVEN_TOKENS = 748  # exercise 11.2: any prefix length gives the same speed
 PREFIX = list(range(5000, 5748))  # exercise 11.3: the saved 748-token prefix
 FILE = "agent-prefix.bin"
 SAME_SIZE_SHAPE = ModelShape(4, 4, 16, "f16")  # as many KV bytes per token as the tiny model
-
-
-def _whole(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @exercise(
@@ -163,7 +159,7 @@ def _refused() -> list[int]:
 )
 def refused_restores(answer: list[Any]) -> str:
     expected = _refused()
-    if not all(_whole(a) for a in answer):
+    if not all_whole(answer):
         raise NotYet("Give the scenario numbers as whole numbers, e.g. [1, 2].")
     if sorted(set(answer)) != sorted(answer):
         raise NotYet("Give each scenario number once.")

@@ -11,7 +11,7 @@ from functools import cache
 from typing import Any
 
 from kvlab.core.snapshots import Checkpoint
-from kvlab.exercises.core import NotYet, exercise
+from kvlab.exercises.core import NotYet, all_whole, exercise, expect_two_whole
 from kvlab.server.swa import SwaConfig, SwaSlot, checkpoint_plan, checkpoint_usable
 
 N_SWA = 128
@@ -26,10 +26,6 @@ LONG_PROMPT = 1841  # 12.2: the lesson's first request
 PLAN_TOKENS = 3000  # 12.3
 CHAT_PROMPT, CHAT_USER_START = 1800, 345  # 12.4: the notes' chat run
 CHAT_SHARED, CHAT_TOTAL = 400, 420
-
-
-def _whole(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @exercise(
@@ -166,7 +162,7 @@ def smallest_ring_reuse(answer: int) -> str:
 def checkpoint_placement(answer: list[Any]) -> str:
     plan = checkpoint_plan(PLAN_TOKENS)
     expected = [cp.n_tokens for cp in plan]
-    if not all(_whole(a) for a in answer):
+    if not all_whole(answer):
         raise NotYet("Give whole numbers: the n_tokens of each checkpoint, oldest first, e.g. [10, 20].")
     if answer == expected:
         spans = ", ".join(f"[{cp.pos_min}, {cp.pos_max}]" for cp in plan)
@@ -211,8 +207,7 @@ def _chat_second() -> tuple[int, int, int]:
 )
 def chat_cache_n(answer: list[Any]) -> str:
     cache_n, prompt_n, n_tokens = _chat_second()
-    if len(answer) != 2 or not all(_whole(a) for a in answer):
-        raise NotYet("Give two whole numbers: [cache_n, prompt_n].")
+    expect_two_whole(answer, "[cache_n, prompt_n]")
     if answer == [cache_n, prompt_n]:
         return (
             f"The checkpoint taken at {n_tokens} tokens is the only one that ends by {CHAT_SHARED}; restoring it "

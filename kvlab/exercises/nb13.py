@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvlab.errors import KvlabError
-from kvlab.exercises.core import NotYet, call, exercise
+from kvlab.exercises.core import NotYet, call, exercise, expect_two_whole
 from kvlab.server.agents import AppendOnly, KeepLast, run_agent
 
 TURNS, PREFIX, RESULT = 20, 2000, 400
@@ -24,10 +24,6 @@ CLOCK_FIRST_ID = 800_000
 BUDGET_PROMPT = 6000  # 13.3: no prompt longer than this
 BUDGET_FACTOR = 1.5  # 13.3: total processed at most this times the least any policy can process
 LAST_KEPT = 3  # 13.3: the last three results stay in full
-
-
-def _whole(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @exercise(
@@ -92,8 +88,7 @@ def _clock_at_end(prefix: Sequence[int], results: Sequence[Sequence[int]]) -> li
 def clock_placement(answer: list[Any]) -> str:
     early = run_agent(_clock_in_prefix, name="clock in the system prompt").total_processed
     late = run_agent(_clock_at_end, name="clock in the newest message").total_processed
-    if len(answer) != 2 or not all(_whole(a) for a in answer):
-        raise NotYet("Give two whole numbers: [tokens processed with the clock early, with the clock last].")
+    expect_two_whole(answer, "[tokens processed with the clock early, with the clock last]")
     if answer == [early, late]:
         return (
             f"{early:,} against {late:,}: the same 10 changing tokens cost {early / late:.0f} times more near "

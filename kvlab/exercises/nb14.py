@@ -13,7 +13,7 @@ from functools import cache
 from typing import Any
 
 from kvlab.errors import cdiv
-from kvlab.exercises.core import NotYet, call, exercise
+from kvlab.exercises.core import NotYet, call, exercise, expect_two_whole
 
 # exercise 14.1: a sequence's block table, the block size and the token the kernel reads
 TABLE = [13, 4, 21, 8]
@@ -35,10 +35,6 @@ def _torch() -> Any:
             "This exercise needs torch: pip install 'kvlab[engine]', then restart the kernel."
         ) from None
     return torch
-
-
-def _whole(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @exercise(
@@ -275,8 +271,7 @@ def _chat_counters(cache: str) -> list[Any]:
     ],
 )
 def next_turn(answer: list[Any]) -> str:
-    if len(answer) != 2 or not all(_whole(a) for a in answer):
-        raise NotYet("Give two whole numbers: [cache_n in slot mode, cache_n in blocks mode].")
+    expect_two_whole(answer, "[cache_n in slot mode, cache_n in blocks mode]")
     slot, blocks = _chat_counters("slot"), _chat_counters("blocks")
     fourth, expected = slot[TURNS - 2], [slot[-1].cache_n, blocks[-1].cache_n]
     if answer == expected:

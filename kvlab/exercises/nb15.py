@@ -9,7 +9,7 @@ import random
 from functools import cache
 from typing import Any
 
-from kvlab.exercises.core import NotYet, exercise
+from kvlab.exercises.core import NotYet, exercise, expect_two_whole
 from kvlab.fleet import ChatTraffic, FleetConfig, chat_traffic, simulate
 from kvlab.models.prefix_cache import PrefixCache
 
@@ -161,8 +161,7 @@ def _same_prompt_twice(num_tokens: int, block_size: int) -> tuple[int, int]:
 )
 def same_prompt_twice(answer: list[Any]) -> str:
     cached, computed = _same_prompt_twice(2000, 16)
-    if len(answer) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in answer):
-        raise NotYet("Give two whole numbers: [cached tokens, computed tokens] of the second request.")
+    expect_two_whole(answer, "[cached tokens, computed tokens] of the second request")
     if answer[0] + answer[1] != cached + computed:
         raise NotYet(f"The two numbers add up to {sum(answer):,}; the prompt has 2,000 tokens.")
     if answer == [2000, 0]:

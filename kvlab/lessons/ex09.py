@@ -23,8 +23,20 @@ from kvlab.server.layout import (
     tool_definitions,
 )
 
+LESSON_SEGMENTS: dict[str, Callable[[], Segment]] = {
+    "timestamp": timestamp,
+    "system prompt": system_prompt,
+    "tools": tool_definitions,
+    "history": history,
+    "new message": new_message,
+}
+"""The lesson's five segments by the name each carries (``Segment.name``), so a layout can be given as names."""
+
+LESSON_STABLE_ORDER = ["system prompt", "tools", "history", "new message"]
+"""The lesson's stable layout by segment name: the fixed parts first, then what changes each turn."""
+
 LESSON_LAYOUTS: dict[str, Callable[[], list[Segment]]] = {
-    "stable prefix": lambda: [system_prompt(), tool_definitions(), history(), new_message()],
+    "stable prefix": lambda: [LESSON_SEGMENTS[name]() for name in LESSON_STABLE_ORDER],
     "timestamp first": lambda: [timestamp(), system_prompt(), tool_definitions(), history(), new_message()],
     "tools in random order": lambda: [
         system_prompt(),

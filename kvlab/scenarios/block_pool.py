@@ -21,15 +21,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvlab.core.hashing import SCHEMES
-from kvlab.errors import InvalidArgumentError, KvlabError, OutOfBlocksError, ScenarioError, brief, check_bool
+from kvlab.errors import InvalidArgumentError, OutOfBlocksError, check_bool
 from kvlab.models.paged import BlockPool
-from kvlab.scenarios import Outcome
-from kvlab.scenarios.checks import LiveRequests, OpFields, check_op
+from kvlab.scenarios import Outcome, checks
 
 NAME = "block-pool"
 CONFIG_KEYS = ("block_size", "num_blocks", "share_prefixes", "hash")
-OP_FIELDS: OpFields = {
+OP_FIELDS: checks.OpFields = {
     "alloc": ({"req", "tokens"}, set()),
     "append": ({"req", "tokens"}, set()),
     "fork": ({"req", "child"}, set()),
@@ -53,87 +51,29 @@ def default_config(
 
 def replay(config: dict[str, Any], ops: list[Any]) -> list[dict[str, Any]]:
     """Apply ``ops`` to a fresh ``BlockPool`` built from ``config``; one record per op."""
-    run = Run(config)
-    if not isinstance(ops, list):
-        raise ScenarioError("'ops' must be a list of operations")
-    return [run.apply(op, index).record for index, op in enumerate(ops)]
+    return checks.replay_ops(Run(config), ops)
 
 
-class Run:
+class Run(checks.PoolRun):
     """A ``BlockPool`` built from a scenario's config, taking its ops one at a time."""
 
     def __init__(self, config: Any, *, record: bool = False) -> None:
-        self.model = _build(config, record=record)
-        self._requests = LiveRequests()
-
-    def apply(self, op: Any, index: int) -> Outcome:
-        """Check ``op`` completely, then apply it; a refused alloc or append is ``ok: false``."""
-        check_op(op, index, OP_FIELDS)
-        name = op["op"]
-        req = op["req"]
-        if name == "alloc":
-            self._requests.check_new(req, index)
-        else:
-            self._requests.check_live(name, req, index)
-        if name == "fork":
-            self._requests.check_new(op["child"], index)
-        try:
-            outcome = _apply(self.model, op)
-        except KvlabError as exc:  # a check above should have caught it; keep the index anyway
-            raise ScenarioError(str(exc), index) from None
-        if name == "alloc" and outcome.record["ok"]:
-            self._requests.added(req)
-        elif name == "fork":
-            self._requests.added(op["child"])
-        elif name == "free":
-            self._requests.removed(req)
-        return outcome
+        super().__init__(_build(config, record=record), OP_FIELDS, _apply)
 
 
 def _build(config: Any, *, record: bool) -> BlockPool:
-    if not isinstance(config, dict):
-        raise ScenarioError("'config' must be an object")
-    unknown = sorted(set(config) - set(CONFIG_KEYS))
-    if unknown:
-        raise ScenarioError(f"unknown config key(s) {unknown}: {NAME} takes {', '.join(sorted(CONFIG_KEYS))}")
+    checks.check_config_keys(config, NAME, sorted(CONFIG_KEYS))
     for key in ("block_size", "num_blocks"):
-        value = config.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ScenarioError(f"config '{key}' must be an integer >= 1, got {brief(value)}")
-    scheme = config.get("hash", "lesson")
-    if scheme not in SCHEMES:
-        raise ScenarioError(
-            f"config 'hash' must be one of {', '.join(map(repr, SCHEMES))}, got {brief(scheme)}"
-        )
-    share = config.get("share_prefixes", True)
-    if not isinstance(share, bool):
-        raise ScenarioError(f"config 'share_prefixes' must be true or false, got {brief(share)}")
-    try:
-        return BlockPool(
-            config["num_blocks"],
-            config["block_size"],
-            share_prefixes=share,
-            hash_scheme=scheme,
-            record=record,
-        )
-    except KvlabError as exc:
-        raise ScenarioError(f"config: {exc}") from None
+        checks.config_size(config, key)
+    scheme = checks.config_hash(config)
+    share = checks.config_flag(config, "share_prefixes", True)
+    return checks.build_pool(BlockPool, config, share_prefixes=share, hash_scheme=scheme, record=record)
 
 
 def _apply(pool: BlockPool, op: dict[str, Any]) -> Outcome:
     name = op["op"]
     req = op["req"]
-    record: dict[str, Any] = {
-        "op": name,
-        "req": req,
-        "ok": True,
-        "num_cached_tokens": 0,
-        "hit_block_ids": [],
-        "new_block_ids": [],
-        "block_table": [],
-        "evicted": [],
-        "free_queue": [],
-    }
+    record = checks.blank_record(name, req)
     refused = None
     if name == "fork":
         record["child"] = op["child"]

@@ -1,16 +1,82 @@
-"""Checks the block-pool scenario modules share: an op's shape and fields, and which requests are live.
+"""What the scenario modules share: replaying a list of ops, and the block pools' checks and records.
 
-Each check raises ``ScenarioError`` with the op's index and a message that says
-what to write instead, before anything of the op is applied.
+Each check raises ``ScenarioError`` with the op's index (or names the config
+key) and a message that says what to write instead, before anything of the op
+is applied. ``PoolRun`` is the ``Run`` of both block-pool models
+(``prefix-cache`` and ``block-pool``): check an op completely, apply it, keep
+track of which requests hold blocks.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
-from kvlab.errors import MAX_TOKEN_ID, ScenarioError, brief
+from kvlab.core.hashing import SCHEMES
+from kvlab.errors import MAX_TOKEN_ID, KvlabError, ScenarioError, brief
+from kvlab.scenarios import Outcome
 
 OpFields = dict[str, tuple[set[str], set[str]]]  # op -> (required fields, optional fields)
+
+
+class _Run(Protocol):
+    def apply(self, op: Any, index: int) -> Outcome: ...
+
+
+def replay_ops(run: _Run, ops: Any) -> list[dict[str, Any]]:
+    """Every op's record from ``run``, in order (the config was checked first, when ``run`` was built)."""
+    if not isinstance(ops, list):
+        raise ScenarioError("'ops' must be a list of operations")
+    return [run.apply(op, index).record for index, op in enumerate(ops)]
+
+
+# ---------------------------------------------------------------- a block pool's config
+
+
+def check_config_keys(config: Any, name: str, keys: Sequence[str]) -> None:
+    """``config`` must be an object of only these keys; an unknown key's message lists them in this order."""
+    if not isinstance(config, dict):
+        raise ScenarioError("'config' must be an object")
+    unknown = sorted(set(config) - set(keys))
+    if unknown:
+        raise ScenarioError(f"unknown config key(s) {unknown}: {name} takes {', '.join(keys)}")
+
+
+def config_size(config: dict[str, Any], key: str) -> int:
+    """``config[key]``, which must be an integer >= 1 (a block count or size)."""
+    value = config.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ScenarioError(f"config '{key}' must be an integer >= 1, got {brief(value)}")
+    return value
+
+
+def config_flag(config: dict[str, Any], key: str, default: bool) -> bool:
+    """``config[key]`` (``default`` when absent), which must be true or false."""
+    value = config.get(key, default)
+    if not isinstance(value, bool):
+        raise ScenarioError(f"config '{key}' must be true or false, got {brief(value)}")
+    return value
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    """``config["hash"]``: the block-hash scheme, one of ``SCHEMES`` (default "lesson")."""
+    scheme = config.get("hash", "lesson")
+    if scheme not in SCHEMES:
+        raise ScenarioError(
+            f"config 'hash' must be one of {', '.join(map(repr, SCHEMES))}, got {brief(scheme)}"
+        )
+    return scheme
+
+
+def build_pool(make: Callable[..., Any], config: dict[str, Any], **options: Any) -> Any:
+    """``make(num_blocks, block_size, **options)``; what the model refuses is a ``ScenarioError`` on the config."""
+    try:
+        return make(config["num_blocks"], config["block_size"], **options)
+    except KvlabError as exc:
+        raise ScenarioError(f"config: {exc}") from None
+
+
+# ---------------------------------------------------------------- a block pool's ops
 
 
 def check_op(op: Any, index: int, op_fields: OpFields) -> None:
@@ -71,6 +137,26 @@ class LiveRequests:
                 raise ScenarioError(f"request {request_id!r} was already freed ({what})", index)
             raise ScenarioError(f"unknown request {request_id!r}: allocate it first", index)
 
+    def check(self, op: dict[str, Any], index: int) -> None:
+        """An alloc's request must be new, any other op's (when it names one) live, a fork's child new."""
+        name, req = op["op"], op.get("req")
+        if name == "alloc":
+            self.check_new(req, index)
+        elif req is not None:
+            self.check_live(name, req, index)
+        if "child" in op:
+            self.check_new(op["child"], index)
+
+    def update(self, op: dict[str, Any], ok: bool) -> None:
+        """After ``op``: a served alloc's request and a fork's child hold blocks; a freed request holds none."""
+        name = op["op"]
+        if name == "alloc" and ok:
+            self.added(op["req"])
+        elif name == "fork":
+            self.added(op["child"])
+        elif name == "free":
+            self.removed(op["req"])
+
     def added(self, request_id: str) -> None:
         self.live.add(request_id)
         self.freed.discard(request_id)
@@ -78,3 +164,48 @@ class LiveRequests:
     def removed(self, request_id: str) -> None:
         self.live.discard(request_id)
         self.freed.add(request_id)
+
+
+def blank_record(name: str, req: str | None) -> dict[str, Any]:
+    """The record a block pool's op starts from: served, nothing hit, allocated or evicted, empty lists."""
+    return {
+        "op": name,
+        "req": req,
+        "ok": True,
+        "num_cached_tokens": 0,
+        "hit_block_ids": [],
+        "new_block_ids": [],
+        "block_table": [],
+        "evicted": [],
+        "free_queue": [],
+    }
+
+
+class PoolRun:
+    """A block pool built from a scenario's config, taking its ops one at a time.
+
+    ``apply`` checks an op completely (its shape against ``op_fields``, then
+    that the requests it names are live or new), only then hands it to
+    ``step(model, op)``, and afterwards notes which requests hold blocks. A
+    ``KvlabError`` from the model means a check here missed a case: it is
+    raised as a ``ScenarioError`` naming the op's index all the same.
+    """
+
+    def __init__(
+        self, model: Any, op_fields: OpFields, step: Callable[[Any, dict[str, Any]], Outcome]
+    ) -> None:
+        self.model = model
+        self._op_fields = op_fields
+        self._step = step
+        self._requests = LiveRequests()
+
+    def apply(self, op: Any, index: int) -> Outcome:
+        """Check ``op`` completely, then apply it; a refused alloc or append is ``ok: false``."""
+        check_op(op, index, self._op_fields)
+        self._requests.check(op, index)
+        try:
+            outcome = self._step(self.model, op)
+        except KvlabError as exc:  # a check above should have caught it; keep the index anyway
+            raise ScenarioError(str(exc), index) from None
+        self._requests.update(op, outcome.record["ok"])
+        return outcome

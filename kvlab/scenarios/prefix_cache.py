@@ -33,16 +33,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvlab.core.hashing import SCHEMES
-from kvlab.errors import InvalidArgumentError, KvlabError, OutOfBlocksError, ScenarioError, brief, check_bool
+from kvlab.errors import OutOfBlocksError, ScenarioError, check_bool
 from kvlab.models.prefix_cache import PrefixCache
-from kvlab.scenarios import Outcome
-from kvlab.scenarios.checks import LiveRequests, OpFields, check_op
+from kvlab.scenarios import Outcome, checks
 
 NAME = "prefix-cache"
 CONFIG_KEYS = ("block_size", "num_blocks", "null_block", "hash")
 MAX_BLOCKS = 2**20  # a replay builds every block up front; a million is more than any scenario needs
-OP_FIELDS: OpFields = {
+OP_FIELDS: checks.OpFields = {
     "alloc": ({"req", "tokens"}, {"cache_salt"}),
     "append": ({"req", "tokens"}, set()),
     "free": ({"req"}, set()),
@@ -62,73 +60,29 @@ def default_config(
 
 def replay(config: dict[str, Any], ops: list[Any]) -> list[dict[str, Any]]:
     """Apply ``ops`` to a fresh ``PrefixCache`` built from ``config``; one JSON-ready record per op."""
-    run = Run(config)
-    if not isinstance(ops, list):
-        raise ScenarioError("'ops' must be a list of operations")
-    return [run.apply(op, index).record for index, op in enumerate(ops)]
+    return checks.replay_ops(Run(config), ops)
 
 
-class Run:
+class Run(checks.PoolRun):
     """A ``PrefixCache`` built from a scenario's config, taking its ops one at a time."""
 
     def __init__(self, config: Any, *, record: bool = False) -> None:
-        self.model = _build(config, record=record)
-        self._requests = LiveRequests()
-
-    def apply(self, op: Any, index: int) -> Outcome:
-        """Check ``op`` completely, then apply it; a refused alloc or append is ``ok: false``."""
-        check_op(op, index, OP_FIELDS)
-        name = op["op"]
-        req = op.get("req")
-        if name == "alloc":
-            self._requests.check_new(req, index)
-        elif name in ("append", "free"):
-            self._requests.check_live(name, req, index)
-        try:
-            outcome = _apply(self.model, op)
-        except KvlabError as exc:  # a check above should have caught it; keep the index anyway
-            raise ScenarioError(str(exc), index) from None
-        if name == "alloc" and outcome.record["ok"]:
-            self._requests.added(req)
-        elif name == "free":
-            self._requests.removed(req)
-        return outcome
+        super().__init__(_build(config, record=record), OP_FIELDS, _apply)
 
 
 def _build(config: Any, *, record: bool) -> PrefixCache:
-    if not isinstance(config, dict):
-        raise ScenarioError("'config' must be an object")
-    unknown = sorted(set(config) - set(CONFIG_KEYS))
-    if unknown:
-        raise ScenarioError(f"unknown config key(s) {unknown}: prefix-cache takes {', '.join(CONFIG_KEYS)}")
+    checks.check_config_keys(config, NAME, CONFIG_KEYS)
     for key in ("block_size", "num_blocks"):
         if key not in config:
             raise ScenarioError(f"config needs '{key}' (an integer >= 1)")
-        value = config[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ScenarioError(f"config '{key}' must be an integer >= 1, got {brief(value)}")
+        checks.config_size(config, key)
     if config["num_blocks"] > MAX_BLOCKS:
         raise ScenarioError(
             f"config 'num_blocks' = {config['num_blocks']} is too large: use at most {MAX_BLOCKS}"
         )
-    null_block = config.get("null_block", False)
-    if not isinstance(null_block, bool):
-        raise ScenarioError(f"config 'null_block' must be true or false, got {brief(null_block)}")
-    scheme = config.get("hash", "lesson")
-    if scheme not in SCHEMES:
-        raise ScenarioError(
-            f"config 'hash' must be one of {', '.join(map(repr, SCHEMES))}, got {brief(scheme)}"
-        )
-    try:
-        return PrefixCache(
-            config["num_blocks"],
-            config["block_size"],
-            null_block=null_block,
-            hash_scheme=scheme,
-            record=record,
-        )
-    except InvalidArgumentError as exc:
-        raise ScenarioError(f"config: {exc}") from None
+    null_block = checks.config_flag(config, "null_block", False)
+    scheme = checks.config_hash(config)
+    return checks.build_pool(PrefixCache, config, null_block=null_block, hash_scheme=scheme, record=record)
 
 
 def _apply(cache: PrefixCache, op: dict[str, Any]) -> Outcome:
@@ -136,17 +90,7 @@ def _apply(cache: PrefixCache, op: dict[str, Any]) -> Outcome:
     req = op.get("req")
     salt = op.get("cache_salt")
     refused = None
-    record: dict[str, Any] = {
-        "op": name,
-        "req": req,
-        "ok": True,
-        "num_cached_tokens": 0,
-        "hit_block_ids": [],
-        "new_block_ids": [],
-        "block_table": [],
-        "evicted": [],
-        "free_queue": [],
-    }
+    record = checks.blank_record(name, req)
     if name == "probe":
         found = cache.probe(op["tokens"], salt)
         record.update(num_cached_tokens=found.num_cached_tokens, hit_block_ids=list(found.hit_block_ids))

@@ -39,6 +39,7 @@ from typing import Any
 from kvlab.errors import InvalidArgumentError, KvlabError, ScenarioError, check_int, check_tokens
 from kvlab.models.radix import RadixNode, RadixTree
 from kvlab.scenarios import Outcome
+from kvlab.scenarios.checks import replay_ops
 
 NAME = "radix"
 CONFIG_KEYS = ("page_size",)
@@ -60,10 +61,7 @@ REQUIRED = {
 
 def replay(config: dict[str, Any], ops: list[Any]) -> list[dict[str, Any]]:
     """Apply ``ops`` to a fresh tree built from ``config``; one record per op."""
-    run = Run(config)
-    if not isinstance(ops, list):
-        raise ScenarioError("'ops' must be a list of operations")
-    return [run.apply(op, index).record for index, op in enumerate(ops)]
+    return replay_ops(Run(config), ops)
 
 
 class Run:

@@ -63,7 +63,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvlab.core.snapshots import EMPTY, Checkpoint, Event, History, SwaState
+from kvlab.core.snapshots import EMPTY, Checkpoint, Event, HeldPositions, History, SwaState
 from kvlab.errors import InvalidArgumentError, KvlabError, cdiv, check_bool, check_int, check_tokens
 from kvlab.server.slots import common_prefix
 
@@ -143,7 +143,7 @@ class SwaRequestRecord:
     n_generated: int
 
 
-class SwaRing:
+class SwaRing(HeldPositions):
     """The SWA layers' cells, filled the way llama.cpp's ``find_slot`` fills them."""
 
     def __init__(self, size: int, n_swa: int) -> None:
@@ -156,15 +156,6 @@ class SwaRing:
     @property
     def used(self) -> int:
         return sum(1 for p in self.cells if p != EMPTY)
-
-    @property
-    def pos_min(self) -> int:
-        held = [p for p in self.cells if p != EMPTY]
-        return min(held) if held else EMPTY
-
-    @property
-    def pos_max(self) -> int:
-        return max(self.cells)
 
     def place(self, positions: Sequence[int]) -> None:
         """Store one ubatch: each position takes the next empty cell, or one that left the window."""

@@ -151,6 +151,35 @@ def base_layout(title: dict[str, Any], **extra: Any) -> dict[str, Any]:
     return layout
 
 
+def legend_below_layout(
+    title: dict[str, Any],
+    data: Sequence[Mapping[str, Any]],
+    *,
+    plot_h: int,
+    top: int,
+    left: int,
+    gap: int,
+    pad: int,
+    **extra: Any,
+) -> dict[str, Any]:
+    """``base_layout`` of a plot ``plot_h`` px tall whose horizontal legend (11 px font) hangs ``gap`` px under it.
+
+    The bottom margin is the legend's height at the narrowest width
+    (``legend_height``) plus ``pad`` px, so the legend never runs into what
+    lies below; ``left`` is the left margin, which the legend starts after.
+    The block grid, the free queue and the radix tree lay out this way.
+    """
+    bottom = legend_height(data, left=left) + pad
+    return base_layout(
+        title,
+        height=plot_h + top + bottom,
+        margin={"l": left, "r": 20, "t": top, "b": bottom},
+        showlegend=True,
+        legend={"orientation": "h", "y": -gap / plot_h, "x": 0, "yanchor": "top", "font": {"size": 11}},
+        **extra,
+    )
+
+
 def fit_label(text: str, room_px: float, font_px: float = 10) -> str:
     """``text`` in at most two lines no wider than ``room_px``, for a cell whose hover text says it in full.
 

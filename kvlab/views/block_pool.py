@@ -28,7 +28,6 @@ from kvlab.views._common import (
     LABEL_WIDTH,
     STATUS_CODE,
     Spec,
-    base_layout,
     check_state,
     check_title,
     cross_path,
@@ -36,7 +35,7 @@ from kvlab.views._common import (
     empty_grid,
     fit_label,
     label_room,
-    legend_height,
+    legend_below_layout,
     mark_trace,
     rect_path,
     status_heatmap,
@@ -335,13 +334,8 @@ def _layout(
     xcols = max(cols, tcols)  # the tables use the grid's cell width unless they are longer than a grid row
     ticks_every = 1 if tcols <= 24 else math.ceil(tcols / 12)
     grid_ticks = list(range(0, cols, 1 if cols <= 16 else 4))
-    bottom = legend_height(data, left=shape.left) + 16
-    return base_layout(
-        ttl,
-        height=plot_h + top + bottom,
-        margin={"l": shape.left, "r": 20, "t": top, "b": bottom},
-        showlegend=True,
-        legend={"orientation": "h", "y": -6 / plot_h, "x": 0, "yanchor": "top", "font": {"size": 11}},
+    return legend_below_layout(
+        ttl, data, plot_h=plot_h, top=top, left=shape.left, gap=6, pad=16,
         xaxis={"domain": [0, 1], "range": [-0.5, cols - 0.5], "showgrid": False, "zeroline": False,
                "tickmode": "array", "tickvals": grid_ticks,
                "ticktext": [f"+{c}" if rows > 1 else str(c) for c in grid_ticks], "tickangle": 0,

@@ -22,7 +22,6 @@ from kvlab.views._common import (
     LABEL_WIDTH,
     STATUS_CODE,
     Spec,
-    base_layout,
     check_state,
     check_title,
     cross_path,
@@ -30,7 +29,7 @@ from kvlab.views._common import (
     empty_grid,
     fit_label,
     label_room,
-    legend_height,
+    legend_below_layout,
     mark_trace,
     rect_path,
     status_heatmap,
@@ -208,13 +207,8 @@ def _layout(ttl: dict[str, Any], shape: _Shape, data: list[dict[str, Any]], top:
     cols, rows = shape.cols, shape.rows
     cell_px = 52 if shape.detail else 24  # room for the id and a two-line tag
     plot_h = rows * cell_px
-    bottom = legend_height(data, left=120) + 16
-    return base_layout(
-        ttl,
-        height=plot_h + top + bottom,
-        margin={"l": 120, "r": 20, "t": top, "b": bottom},
-        showlegend=True,
-        legend={"orientation": "h", "y": -6 / plot_h, "x": 0, "yanchor": "top", "font": {"size": 11}},
+    return legend_below_layout(
+        ttl, data, plot_h=plot_h, top=top, left=120, gap=6, pad=16,
         xaxis={"range": [-0.5, cols - 0.5], "showgrid": False, "zeroline": False, "fixedrange": True,
                "tickmode": "array", "tickvals": list(range(cols)), "ticktext": [str(c) for c in range(cols)],
                "side": "top", "tickfont": {"size": 10},

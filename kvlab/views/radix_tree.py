@@ -20,11 +20,10 @@ from kvlab.core.snapshots import RadixNodeState, RadixState
 from kvlab.views import theme
 from kvlab.views._common import (
     Spec,
-    base_layout,
     check_state,
     check_title,
+    legend_below_layout,
     legend_entry,
-    legend_height,
     line_trace,
     rect_path,
     title_text,
@@ -247,13 +246,8 @@ def _layout(ttl: dict[str, Any], fr: _Frame, data: list[dict[str, Any]], top: in
         plot_h = (lowest + 1) * 95
         xr = [-0.6, (fr.max_u + 1.3 if fr.n_evicted else fr.max_u) + 0.6]
         yr = [lowest + 0.6, -0.6]
-    bottom = legend_height(data, left=20) + 14
-    return base_layout(
-        ttl,
-        height=plot_h + top + bottom,
-        margin={"l": 20, "r": 20, "t": top, "b": bottom},
-        showlegend=True,
-        legend={"orientation": "h", "y": -4 / plot_h, "x": 0, "yanchor": "top", "font": {"size": 11}},
+    return legend_below_layout(
+        ttl, data, plot_h=plot_h, top=top, left=20, gap=4, pad=14,
         xaxis={"visible": False, "range": xr, "fixedrange": True},
         yaxis={"visible": False, "range": yr, "fixedrange": True},
         annotations=annotations,

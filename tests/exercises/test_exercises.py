@@ -60,6 +60,12 @@ def test_notebooks_after_the_start_page_have_two_to_four_exercises():
         assert 2 <= len(ex.exercises(nb)) <= 4, nb
 
 
+@pytest.mark.parametrize("notebook", ["02", "03", "04", "05", "06", "14"])
+def test_notebook_exercises_are_registered_in_order(notebook):
+    ids = [e.id for e in ex.exercises(notebook)]
+    assert ids == [f"{notebook}.{k}" for k in range(1, len(ids) + 1)] and 2 <= len(ids) <= 4
+
+
 def test_exercise_numbers_run_from_one_without_holes():
     for nb in {e.notebook for e in ex.exercises()}:
         assert [e.number for e in ex.exercises(nb)] == list(range(1, len(ex.exercises(nb)) + 1)), nb

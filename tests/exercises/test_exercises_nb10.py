@@ -21,14 +21,14 @@ def test_the_notebooks_messages_give_the_lessons_prompt_sizes():
     assert [t.counters for t in turns] == list(LESSON_APPEND_ONLY)
 
 
-def test_turn_five():
-    result = ex.check("10.1", [107, 15])
-    assert result.right and "7 of the 8" in result.message
-    assert "last sampled token" in ex.check("10.1", [108, 14]).message
-    assert "more than the prompt" in ex.check("10.1", [100, 22]).message
-    assert "size of turn 5's prompt" in ex.check("10.1", [122, 0]).message
-    assert "prompt_n is the rest" in ex.check("10.1", [107, 22]).message
-    assert "[cache_n, prompt_n]" in ex.check("10.1", [107]).message
+def test_turn_five(feedback):
+    feedback("10.1", [107, 15], "7 of the 8", [
+        ([108, 14], "last sampled token"),
+        ([100, 22], "more than the prompt"),
+        ([122, 0], "size of turn 5's prompt"),
+        ([107, 22], "prompt_n is the rest"),
+        ([107], "[cache_n, prompt_n]"),
+    ])  # fmt: skip
 
 
 def test_the_token_that_is_never_cached():

@@ -49,11 +49,11 @@ def test_checkpoint_placement():
     assert "whole numbers" in ex.check("12.3", ["2484", 2996]).message
 
 
-def test_chat_cache_n():
-    result = ex.check("12.4", [344, 76])
-    assert result.right and "taken at 345 tokens" in result.message
-    assert "--swa-full" in ex.check("12.4", [400, 20]).message
-    assert "restarts at its last position, 344" in ex.check("12.4", [345, 75]).message
-    assert "Not a full re-processing" in ex.check("12.4", [0, 420]).message
-    assert "always the prompt's length, 420" in ex.check("12.4", [344, 70]).message
-    assert "[cache_n, prompt_n]" in ex.check("12.4", [344]).message
+def test_chat_cache_n(feedback):
+    feedback("12.4", [344, 76], "taken at 345 tokens", [
+        ([400, 20], "--swa-full"),
+        ([345, 75], "restarts at its last position, 344"),
+        ([0, 420], "Not a full re-processing"),
+        ([344, 70], "always the prompt's length, 420"),
+        ([344], "[cache_n, prompt_n]"),
+    ])  # fmt: skip

@@ -51,17 +51,11 @@ def test_short_fuzz_against_vllm():
 
 
 @needs_sglang
-def test_example_8_matches_sglang():
-    ops = [
-        {"op": "insert", "tokens": [1, 2, 3, 4, 5, 6, 10, 11]},
-        {"op": "insert", "tokens": [1, 2, 3, 4, 5, 6, 20, 21, 22]},
-        {"op": "insert", "tokens": [1, 2, 3, 4, 5, 6, 10, 11, 30, 31]},
-        {"op": "match", "tokens": [1, 2, 3, 4, 5, 6, 20, 21, 22, 40], "as": "req"},
-        {"op": "lock", "node": "req"},
-        {"op": "evict", "num_tokens": 1},
-    ]
-    ours = replay("radix", {"page_size": 1}, ops)
-    assert ours == sglang_harness.replay({"page_size": 1}, ops)
+def test_example_8_matches_sglang(example_8_scenario):
+    config, ops = example_8_scenario["config"], example_8_scenario["ops"]
+    assert config == {"page_size": 1}
+    ours = replay("radix", config, ops)
+    assert ours == sglang_harness.replay(config, ops)
     assert ours[3]["matched_len"] == 9 and ours[5]["evicted"] == [[30, 31]]
 
 

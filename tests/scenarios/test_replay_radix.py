@@ -15,18 +15,6 @@ from kvlab.scenarios.radix import replay
 
 ROOT = Path(__file__).resolve().parents[2]
 
-EXAMPLE_8 = {
-    "config": {"page_size": 1},
-    "ops": [
-        {"op": "insert", "tokens": [1, 2, 3, 4, 5, 6, 10, 11]},
-        {"op": "insert", "tokens": [1, 2, 3, 4, 5, 6, 20, 21, 22]},
-        {"op": "insert", "tokens": [1, 2, 3, 4, 5, 6, 10, 11, 30, 31]},
-        {"op": "match", "tokens": [1, 2, 3, 4, 5, 6, 20, 21, 22, 40], "as": "req"},
-        {"op": "lock", "node": "req"},
-        {"op": "evict", "num_tokens": 1},
-    ],
-}
-
 
 def node(key, lock_ref=0, *children, **extra):
     return {"key": key, "lock_ref": lock_ref, **extra, "children": list(children)}
@@ -62,16 +50,16 @@ def check_example_8(records):
     }
 
 
-def test_example_8_through_the_api():
-    check_example_8(replay(EXAMPLE_8["config"], EXAMPLE_8["ops"]))
+def test_example_8_through_the_api(example_8_scenario):
+    check_example_8(replay(example_8_scenario["config"], example_8_scenario["ops"]))
 
 
-def test_example_8_through_the_cli(tmp_path):
-    done = run_cli(json.dumps(EXAMPLE_8))
+def test_example_8_through_the_cli(tmp_path, example_8_scenario):
+    done = run_cli(json.dumps(example_8_scenario))
     assert done.returncode == 0, done.stderr
     check_example_8(json.loads(done.stdout))
     path = tmp_path / "ex8.json"
-    path.write_text(json.dumps(EXAMPLE_8))
+    path.write_text(json.dumps(example_8_scenario))
     from_file = run_cli("", str(path))
     assert from_file.returncode == 0 and json.loads(from_file.stdout) == json.loads(done.stdout)
 
