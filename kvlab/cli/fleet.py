@@ -20,8 +20,8 @@ import sys
 from collections.abc import Callable, Sequence
 
 from kvlab.errors import KvlabError
-from kvlab.fleet import HASH_SCHEMES, HEADERS, ROUTINGS, SALTS, FleetConfig, FleetResult, simulate
-from kvlab.lessons.fleet import lesson_table
+from kvlab.fleet import HASH_SCHEMES, HEADERS, ROUTINGS, SALTS, FleetConfig, simulate
+from kvlab.lessons.fleet import format_table, lesson_table
 
 SCENARIO_OPTIONS = (
     "users",
@@ -36,7 +36,6 @@ SCENARIO_OPTIONS = (
     "replicas",
     "routing",
 )
-NAME_WIDTH = 44  # the lesson's scenario column
 
 
 class _UsageError(Exception):
@@ -141,26 +140,6 @@ def _scenario_config(args: argparse.Namespace) -> FleetConfig:
     if args.hash is not None:
         given["hash_scheme"] = args.hash
     return FleetConfig(**given)
-
-
-def _tokens(total: int) -> str:
-    if total >= 1_000_000:
-        return f"{total / 1e6:.1f}M"
-    if total >= 1_000:
-        return f"{total / 1e3:.1f}k"
-    return str(total)
-
-
-def format_table(results: Sequence[FleetResult]) -> str:
-    """The rows laid out like the lesson's table (cache GiB at 128 KiB of KV per token)."""
-    width = max([NAME_WIDTH] + [len(r.scenario) + 2 for r in results])
-    lines = [f"{'scenario':<{width}}{'cache':>9}{'hit rate':>10}{'prefill tokens':>16}"]
-    for r in results:
-        lines.append(
-            f"{r.scenario:<{width}}{r.config.cache_gib:>6.1f}GiB{100 * r.hit_rate:>9.1f}%"
-            f"{r.prefill_tokens:>10,} of {_tokens(r.total_tokens)}"
-        )
-    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -18,7 +18,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from kvlab.errors import InvalidArgumentError
+
 S = TypeVar("S")
+_MISSING = object()
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,25 @@ class History(Generic[S]):
     @property
     def events(self) -> list[Event | str]:
         return [s.event for s in self.steps]
+
+    def find(self, kind: str, **fields: Any) -> Step[S]:
+        """The first step whose event is of ``kind`` with these field values.
+
+        ``history.find("prefix_cache.allocate", request_id="C")`` is the step where C arrived.
+        """
+        for step in self.steps:
+            event = step.event
+            if (
+                isinstance(event, Event)
+                and event.kind == kind
+                and all(event.get(name, _MISSING) == value for name, value in fields.items())
+            ):
+                return step
+        wanted = ", ".join(f"{name}={value!r}" for name, value in fields.items())
+        raise InvalidArgumentError(
+            f"no step has a {kind!r} event{' with ' + wanted if wanted else ''}: "
+            f"the kinds recorded are {sorted({e.kind for e in self.events if isinstance(e, Event)})}"
+        )
 
     @property
     def states(self) -> list[S]:

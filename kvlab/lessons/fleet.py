@@ -8,6 +8,7 @@ model reproduces it exactly (tests and notebook 15 compare).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from kvlab.errors import check_choice
@@ -32,6 +33,29 @@ LESSON_ROWS: tuple[str, ...] = (
     "39.1 GiB · 56.5% · 1,123,214 of 2.6M",
 )
 """The lesson's printed table, row by row: cache size · hit rate · prompt tokens prefilled of all."""
+
+
+NAME_WIDTH = 44  # the lesson's scenario column
+
+
+def _tokens(total: int) -> str:
+    if total >= 1_000_000:
+        return f"{total / 1e6:.1f}M"
+    if total >= 1_000:
+        return f"{total / 1e3:.1f}k"
+    return str(total)
+
+
+def format_table(results: Sequence[FleetResult]) -> str:
+    """The rows laid out like the lesson's table (cache GiB at 128 KiB of KV per token)."""
+    width = max([NAME_WIDTH] + [len(r.scenario) + 2 for r in results])
+    lines = [f"{'scenario':<{width}}{'cache':>9}{'hit rate':>10}{'prefill tokens':>16}"]
+    for r in results:
+        lines.append(
+            f"{r.scenario:<{width}}{r.config.cache_gib:>6.1f}GiB{100 * r.hit_rate:>9.1f}%"
+            f"{r.prefill_tokens:>10,} of {_tokens(r.total_tokens)}"
+        )
+    return "\n".join(lines)
 
 
 def lesson_row(result: FleetResult) -> str:

@@ -137,7 +137,7 @@ class BlockPool:
     ``free_order`` is the initial free list, front first; it must list every
     block id once (default: 0, 1, 2, ...). With ``record=True`` the pool keeps
     a ``History`` of ``BlockPoolState``: step 0 is the initial pool and each
-    successful operation adds one step, with a ``block_pool.<op>`` ``Event``
+    successful operation adds one step, with a ``paged.<op>`` ``Event``
     (captions: ``kvlab.views.text.block_pool``). A call that raises changes nothing.
     """
 
@@ -181,7 +181,7 @@ class BlockPool:
         self.history: History[BlockPoolState] | None = None
         if record:
             self.history = History()
-            self.history.add(Event.of("block_pool.init", num_blocks=num_blocks, block_size=block_size),
+            self.history.add(Event.of("paged.init", num_blocks=num_blocks, block_size=block_size),
                              self.snapshot())  # fmt: skip
 
     # ------------------------------------------------------------------ queries
@@ -283,7 +283,7 @@ class BlockPool:
         )
         self._last = {"hit_block_ids": result.hit_block_ids, "new_block_ids": result.new_block_ids}
         if self.history is not None:
-            self._record(Event.of("block_pool.allocate", request_id=request_id, num_tokens=len(toks),
+            self._record(Event.of("paged.allocate", request_id=request_id, num_tokens=len(toks),
                                   block_table=result.block_table, hit_block_ids=result.hit_block_ids,
                                   new_block_ids=result.new_block_ids, num_cached_tokens=cached))  # fmt: skip
         return result
@@ -320,7 +320,7 @@ class BlockPool:
         self._last = {"new_block_ids": new, "copied_blocks": ((copy.source, copy.target),) if copy else ()}
         if self.history is not None:
             copied = (copy.source, copy.target, copy.num_tokens) if copy else None
-            self._record(Event.of("block_pool.append", request_id=request_id, num_new_tokens=len(toks),
+            self._record(Event.of("paged.append", request_id=request_id, num_new_tokens=len(toks),
                                   new_block_ids=new, copy=copied))  # fmt: skip
         return AppendResult(request_id, tuple(table), new, copy, slots)
 
@@ -336,9 +336,7 @@ class BlockPool:
         self._finished.discard(child)
         self._last = {"hit_block_ids": tuple(table)}
         if self.history is not None:
-            self._record(
-                Event.of("block_pool.fork", parent=parent, request_id=child, block_table=tuple(table))
-            )
+            self._record(Event.of("paged.fork", parent=parent, request_id=child, block_table=tuple(table)))
         return tuple(table)
 
     def free(self, request_id: str) -> tuple[int, ...]:
@@ -364,7 +362,7 @@ class BlockPool:
         self._finished.add(request_id)
         self._last = {"evicted_block_ids": tuple(forgotten)}
         if self.history is not None:
-            self._record(Event.of("block_pool.free", request_id=request_id, freed=tuple(freed),
+            self._record(Event.of("paged.free", request_id=request_id, freed=tuple(freed),
                                   evicted=tuple(forgotten)))  # fmt: skip
         return tuple(freed)
 

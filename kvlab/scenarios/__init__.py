@@ -57,6 +57,11 @@ def start(model: str, config: dict[str, Any], *, record: bool = False) -> Any:
     return module(model).Run(config, record=record)
 
 
+def replay(model: str, config: dict[str, Any], ops: list[Any]) -> list[dict[str, Any]]:
+    """Replay ``ops`` through ``model`` from ``config``: every op's record, as ``python -m kvlab replay`` prints them."""
+    return module(model).replay(config, ops)
+
+
 def load_scenario(text: str) -> tuple[str | None, dict[str, Any], list[Any]]:
     """Parse scenario JSON into (model it names or None, config, ops); raise ScenarioError when its shape is wrong."""
     try:

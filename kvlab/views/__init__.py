@@ -47,7 +47,7 @@ from kvlab.views.charts import (
 from kvlab.views.contiguous import contiguous_figure
 from kvlab.views.free_queue import free_queue_figure
 from kvlab.views.hash_chain import hash_chain_figure
-from kvlab.views.radix_tree import radix_tree_figure
+from kvlab.views.radix import radix_tree_figure
 from kvlab.views.theme import STATUS_COLORS, in_notebook_kernel, setup
 
 if TYPE_CHECKING:

@@ -25,7 +25,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from kvlab.core.snapshots import AgentTurnsState, History
+from kvlab.core.snapshots import AgentTurnsState, Event, History
 from kvlab.errors import InvalidArgumentError, check_int
 from kvlab.server.agents import AgentRun
 from kvlab.views import theme
@@ -72,15 +72,14 @@ def agent_turns_history(
     pairs = _runs(runs)
     names = tuple(n for n, _ in pairs)
     history: History[AgentTurnsState] = History()
-    history.add("before the first turn", AgentTurnsState(0, names, (None,) * len(names), (0,) * len(names)))
+    history.add(Event.of("agents.start"), AgentTurnsState(0, names, (None,) * len(names), (0,) * len(names)))
     totals = [0] * len(names)
     for k in range(len(pairs[0][1].turns)):
         current = tuple(run.turns[k] for _, run in pairs)
         totals = [t + c.processed_tokens for t, c in zip(totals, current, strict=True)]
-        caption = f"turn {k + 1}, tokens processed: " + "; ".join(
-            f"{n} {c.processed_tokens:,}" for n, c in zip(names, current, strict=True)
-        )
-        history.add(caption, AgentTurnsState(k + 1, names, current, tuple(totals)))
+        processed = tuple((n, c.processed_tokens) for n, c in zip(names, current, strict=True))
+        history.add(Event.of("agents.turn", turn=k + 1, processed=processed),
+                    AgentTurnsState(k + 1, names, current, tuple(totals)))  # fmt: skip
     return history
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from kvlab.core.snapshots import BlockPoolState, ContiguousState, RadixState
 from kvlab.errors import InvalidArgumentError
-from kvlab.views import block_pool, contiguous, free_queue, radix_tree
+from kvlab.views import block_pool, contiguous, free_queue, radix
 from kvlab.views._common import Spec
 
 
@@ -66,9 +66,7 @@ register(View("block_pool", BlockPoolState, block_pool.block_pool_spec, block_po
               block_pool.block_pool_marks, highlight=True))  # fmt: skip
 register(View("free_queue", BlockPoolState, free_queue.free_queue_spec, free_queue.free_queue_hints,
               free_queue.free_queue_marks))  # fmt: skip
-register(
-    View("radix", RadixState, radix_tree.radix_tree_spec, radix_tree.radix_hints, radix_tree.radix_marks)
-)
+register(View("radix", RadixState, radix.radix_tree_spec, radix.radix_hints, radix.radix_marks))
 
 #: ``stepper(history, kind)`` kinds that are not a view's own name, and the views they show.
 ALIASES: dict[str, tuple[str, ...]] = {"paged": ("block_pool",), "prefix_cache": ("block_pool", "free_queue")}

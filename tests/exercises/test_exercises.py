@@ -15,7 +15,8 @@ import pytest
 import kvlab.exercises as ex
 from kvlab.errors import InvalidArgumentError, KvlabError
 from kvlab.exercises import core
-from kvlab.lessons.course import COURSE, compare_table
+from kvlab.lessons.compare import compare_table
+from kvlab.lessons.course import COURSE
 
 ROOT = Path(__file__).resolve().parents[2]
 

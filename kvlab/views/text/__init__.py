@@ -2,7 +2,9 @@
 
 Models record an ``Event`` per operation (``kvlab.core.snapshots``); this package turns it into the
 one-line caption a student reads under a slider, in an animation's title or in a printed walk-through.
-Each model's wording lives in its own module here, registered by event kind with ``@describes``.
+Each model's wording lives in its own module here, named for the event kinds' prefix (``paged.*`` in
+``paged.py``, ``prefix_cache.*`` in ``prefix_cache.py``: the model's module name), registered by
+event kind with ``@describes``.
 
     from kvlab.views.text import caption, captions
     for line in captions(cache.history):

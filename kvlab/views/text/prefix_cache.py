@@ -1,46 +1,13 @@
-"""Captions of the two block pools' events: ``block_pool.*`` (kvlab.models.paged) and ``prefix_cache.*``.
+"""Captions of ``prefix_cache.*`` events: kvlab.models.prefix_cache.PrefixCache (lesson examples 5, 7).
 
-Each function renders one event kind into the line the model used to write
-itself; the words are the course's, so tests and notebooks compare them exactly.
+Each function renders one event kind into the one-line caption a student reads; the words are
+the course's, so tests and notebooks compare them exactly.
 """
 
 from __future__ import annotations
 
 from kvlab.core.snapshots import Event
 from kvlab.views.text import describes
-
-# ---------------------------------------------------------------- BlockPool (lesson examples 2-5)
-
-
-@describes("block_pool.init")
-def _pool_init(e: Event) -> str:
-    return f"{e['num_blocks']} free blocks of {e['block_size']} slots"
-
-
-@describes("block_pool.allocate")
-def _pool_allocate(e: Event) -> str:
-    reuse = f", reused {e['num_cached_tokens']}" if e["hit_block_ids"] else ""
-    return f"allocate {e['request_id']}: {e['num_tokens']} tokens -> blocks {list(e['block_table'])}{reuse}"
-
-
-@describes("block_pool.append")
-def _pool_append(e: Event) -> str:
-    copy = e["copy"]
-    what = f"; copy block {copy[0]} -> {copy[1]} ({copy[2]} entries)" if copy else ""
-    return f"append {e['num_new_tokens']} to {e['request_id']}{what}"
-
-
-@describes("block_pool.fork")
-def _pool_fork(e: Event) -> str:
-    return f"fork {e['parent']} -> {e['request_id']}: share blocks {list(e['block_table'])}"
-
-
-@describes("block_pool.free")
-def _pool_free(e: Event) -> str:
-    return f"free {e['request_id']}: blocks {list(e['freed'])} return to the free list"
-
-
-# ---------------------------------------------------------------- PrefixCache (lesson example 7)
 
 
 def _hits(e: Event) -> str:
