@@ -7,6 +7,10 @@ mutate second.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
 
 class KvlabError(Exception):
     """Base class of every error kvlab raises on purpose."""
@@ -55,6 +59,68 @@ class ScenarioError(KvlabError):
 # without a fallback, so a value whose repr raises still gets a clear error.
 
 MAX_TOKEN_ID = 2**31 - 1
+
+
+@dataclass
+class Limits:
+    """Upper bounds on everything a user controls that sizes kvlab's memory or time.
+
+    kvlab simulates caches in pure Python, so each bound is set far above what the lessons and a
+    realistic deployment need, and far below what would exhaust a laptop: a refused value says the
+    limit, and ``with raised_limits(num_blocks=...)`` lifts it for one deliberate, larger run.
+    """
+
+    num_blocks: int = 1 << 20  # blocks in one pool: 16M tokens at block size 16, more than any GPU holds
+    block_size: int = 1 << 16  # tokens per block (vLLM's largest is 256; llama.cpp's ubatch 512)
+    tokens: int = 1 << 22  # tokens in one request, prompt or pool (4,194,304: past any context window)
+    total_tokens: int = 1 << 27  # tokens one simulation or scenario may process in all (134M)
+    slots: int = 4096  # llama-server slots (-np) or parallel requests
+    users: int = 1_000_000  # users in a traffic model
+    turns: int = 10_000  # turns per user or conversation
+    replicas: int = 4096  # replicas in a fleet
+    count: int = 1 << 20  # items a generator draws (request lengths, random ops)
+    mib: int = 1 << 20  # MiB of a cache or file (1 TiB)
+    ops: int = 1_000_000  # operations in one scenario
+    scenario_bytes: int = 256 << 20  # bytes of one scenario file
+    json_depth: int = 64  # nesting of a scenario's JSON
+    int_digits: int = 20  # digits of one integer in a scenario (2**63 has 19)
+
+
+LIMITS = Limits()
+
+
+@contextmanager
+def raised_limits(**limits: int) -> Iterator[Limits]:
+    """Lift some of ``LIMITS`` for the duration of a ``with`` block (a larger run, deliberately)."""
+    unknown = set(limits) - set(Limits.__dataclass_fields__)
+    if unknown:
+        raise InvalidArgumentError(
+            f"unknown limit(s) {sorted(unknown)}: use {', '.join(Limits.__dataclass_fields__)}"
+        )
+    for name, value in limits.items():
+        check_int(name, value, minimum=1)
+    before = {name: getattr(LIMITS, name) for name in limits}
+    for name, value in limits.items():
+        setattr(LIMITS, name, value)
+    try:
+        yield LIMITS
+    finally:
+        for name, value in before.items():
+            setattr(LIMITS, name, value)
+
+
+def check_size(name: str, value: object, limit: str, *, minimum: int = 0) -> int:
+    """``check_int`` with the upper bound ``LIMITS.<limit>``; the refusal says how to go beyond it."""
+    bound = getattr(LIMITS, limit)
+    value = check_int(name, value, minimum=minimum)
+    if value > bound:
+        raise InvalidArgumentError(
+            f"{name} must be at most {bound:,} (kvlab's limit LIMITS.{limit}), got {brief(value)}; "
+            f"for a deliberately larger run use kvlab.errors.raised_limits({limit}=...)"
+        )
+    return value
+
+
 """Token ids are 0 .. 2**31 - 1 in every model: a signed 32-bit id, as vLLM and llama.cpp store them."""
 
 

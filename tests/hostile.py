@@ -1,0 +1,107 @@
+"""Hostile values for property-based tests: what a careless or malicious user can pass to kvlab.
+
+``hostile_values()`` draws anything a public function should refuse with kvlab's own error (or
+accept and handle): wrong types, huge and negative integers, floats that look integral, NaN,
+numpy arrays and scalars, deeply nested lists, strings of odd encodings, and objects that lie
+(``__eq__`` always True, ``__hash__``/``__repr__``/``__index__`` raising, an ``int`` subclass whose
+``==`` says yes to everything). Import it from a test module: ``from hostile import hostile_values``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import strategies as st
+
+
+class AlwaysEqual:
+    """Claims to equal everything (a choice check that uses ``in`` or ``==`` would accept it)."""
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    def __hash__(self) -> int:
+        return 0
+
+
+class BadRepr:
+    """Its repr raises: an error message built with ``{x!r}`` would crash instead of refusing."""
+
+    def __repr__(self) -> str:
+        raise RuntimeError("repr refused")
+
+    __str__ = __repr__
+
+
+class BadHash:
+    """Unhashable in a hostile way: ``hash(x)`` raises something other than TypeError."""
+
+    def __hash__(self) -> int:
+        raise RuntimeError("hash refused")
+
+
+class LyingInt(int):
+    """An int whose ``==`` says yes to everything and whose ``__index__`` lies."""
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    def __hash__(self) -> int:
+        return 0
+
+
+class BadIndex:
+    """Pretends to be an integer through ``__index__`` and then raises."""
+
+    def __index__(self) -> int:
+        raise RuntimeError("index refused")
+
+
+def nested_list(depth: int) -> list:
+    """A list nested ``depth`` deep, built without recursion."""
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+LIAR_TYPES = (AlwaysEqual, BadRepr, BadHash, BadIndex)
+liars = st.one_of(*(st.builds(t) for t in LIAR_TYPES), st.builds(LyingInt, st.integers(0, 5)))
+
+huge_ints = st.one_of(
+    st.integers(min_value=2**31, max_value=2**80),
+    st.integers(min_value=-(2**80), max_value=-1),
+    st.sampled_from([10**30, -(10**30), 10**400, 2**63, 2**64, -(2**63)]),
+)
+
+odd_floats = st.one_of(
+    st.sampled_from([float("nan"), float("inf"), -float("inf"), 4.0, 1.9, -0.0, 1e308]),
+    st.floats(allow_nan=True, allow_infinity=True),
+)
+
+numpy_values = st.one_of(
+    st.builds(np.int64, st.integers(-5, 5)),
+    st.builds(np.float64, st.floats()),
+    st.builds(np.bool_, st.booleans()),
+    st.builds(lambda: np.array([1, 2, 3])),
+    st.builds(lambda: np.array(["lesson"])),
+    st.builds(lambda: np.array([])),
+)
+
+wrong_types = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.text(max_size=20),
+    st.binary(max_size=20),
+    st.lists(st.integers(-3, 3), max_size=4),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=3),
+    st.tuples(st.integers(), st.text(max_size=3)),
+    st.builds(set),
+    st.just(object()),
+)
+
+deep = st.sampled_from([50, 2_000, 100_000]).map(nested_list)
+
+
+def hostile_values() -> st.SearchStrategy:
+    """Anything a hostile user might pass where kvlab expects a plain value."""
+    return st.one_of(huge_ints, odd_floats, numpy_values, wrong_types, deep, liars)
