@@ -9,14 +9,25 @@ moves or scans the whole list. Both must give the same results; the script
 checks that, then prints ops/s, hit blocks/s and the ratio. Times are CPU
 seconds of this process, so other work on a shared machine does not skew them.
 
-    python benchmarks/prefix_cache.py [--ops 100000] [--blocks 16384] [--seed 0]
+Then the replay CLI on the same kind of trace written as a scenario:
+``python -m kvlab replay prefix-cache --changes`` on all the ops (one line per
+op: output and time grow with the ops), beside the default full records on
+``--replay-ops`` of them (each record repeats the whole free queue: ops x
+blocks). CPU seconds (user + system) and peak memory of the child process.
+
+    python benchmarks/prefix_cache.py [--ops 100000] [--blocks 16384] [--seed 0] [--replay-ops 2000]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
+import json
 import random
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -124,6 +135,78 @@ def run_trace(cache: PrefixCache, num_ops: int, seed: int) -> Tally:
     return tally
 
 
+def make_scenario(num_ops: int, num_blocks: int, block_size: int, seed: int = 0) -> dict:
+    """The same kind of trace as a replay scenario: a shadow cache decides which ops are valid."""
+    rng = random.Random(seed)
+    cache = PrefixCache(num_blocks, block_size, null_block=True, hash_scheme="vllm")
+    noise = [rng.randrange(32000) for _ in range(1 << 16)]
+
+    def fresh(n: int) -> list[int]:
+        at = rng.randrange(len(noise) - n)
+        return noise[at : at + n]
+
+    systems = [fresh(rng.randrange(4, 33) * block_size) for _ in range(24)]
+    live: list[str] = []
+    ops: list[dict] = []
+    for i in range(num_ops):
+        roll = rng.random()
+        if live and (roll < 0.25 or len(live) > 64):
+            rid = live.pop(rng.randrange(len(live)))
+            cache.free(rid)
+            ops.append({"op": "free", "req": rid})
+        elif live and roll < 0.6:
+            rid = rng.choice(live)
+            tokens = fresh(rng.randrange(1, 2 * block_size))
+            ops.append({"op": "append", "req": rid, "tokens": tokens})
+            with contextlib.suppress(OutOfBlocksError):
+                cache.append(rid, tokens)
+        elif roll < 0.65:
+            ops.append({"op": "probe", "tokens": rng.choice(systems) + fresh(3)})
+        else:
+            system = systems[min(int(rng.expovariate(0.3)), len(systems) - 1)]
+            rid, prompt = f"r{i}", system + fresh(rng.randrange(1, 8 * block_size))
+            ops.append({"op": "alloc", "req": rid, "tokens": prompt})
+            try:
+                cache.allocate(rid, prompt)
+            except OutOfBlocksError:
+                continue
+            live.append(rid)
+    config = {"block_size": block_size, "num_blocks": num_blocks, "null_block": True, "hash": "vllm"}
+    return {"config": config, "ops": ops}
+
+
+_CHILD = (
+    "import resource, sys\nfrom kvlab.__main__ import main\ncode = main(sys.argv[1:])\n"
+    "u = resource.getrusage(resource.RUSAGE_SELF)\n"
+    "print(u.ru_utime + u.ru_stime, u.ru_maxrss, file=sys.stderr)\nsys.exit(code)\n"
+)
+
+
+def time_replay(model: str, scenario: dict, *options: str) -> tuple[float, float, int]:
+    """Replay ``scenario`` with the CLI in a child process: (its CPU seconds, its peak RSS in MiB, output bytes)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as fh:
+        json.dump(scenario, fh)
+        fh.flush()
+        done = subprocess.run(
+            [sys.executable, "-c", _CHILD, "replay", model, fh.name, *options],
+            capture_output=True,
+            check=True,
+        )
+    cpu, rss_kib = done.stderr.split()[-2:]
+    return float(cpu), int(rss_kib) / 1024, len(done.stdout)
+
+
+def report_replay(model: str, big: dict, small: dict) -> None:
+    """The CLI's --changes mode on ``big`` beside its default full records on ``small``."""
+    for label, scenario, options in (("--changes", big, ("--changes",)), ("default (full)", small, ())):
+        n = len(scenario["ops"])
+        cpu, rss, size = time_replay(model, scenario, *options)
+        print(
+            f"  replay {label:<15} {n / cpu:>10,.0f} ops/s   ({n:,} ops in {cpu:.2f} CPU s, "
+            f"{size / 2**20:,.1f} MiB of output, peak RSS {rss:,.0f} MiB)"
+        )
+
+
 def report(name: str, t: Tally) -> None:
     print(
         f"{name:<22} {t.ops / t.seconds:>10,.0f} ops/s {t.hit_blocks / t.seconds:>12,.0f} hit blocks/s"
@@ -138,6 +221,9 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=16_384, help="blocks in the pool (default 16384)")
     parser.add_argument("--block-size", type=int, default=16, help="tokens per block (default 16)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--replay-ops", type=int, default=2000, help="ops for the CLI's default (full) mode (default 2000)"
+    )
     args = parser.parse_args()
 
     fast = run_trace(PrefixCache(args.blocks, args.block_size, null_block=True), args.ops, args.seed)
@@ -150,6 +236,10 @@ def main() -> None:
     print(
         f"linked list / list: {naive.seconds / fast.seconds:.1f}x faster (same results, trace {fast.digest})"
     )
+    big = make_scenario(args.ops, args.blocks, args.block_size, args.seed)
+    small = {"config": big["config"], "ops": big["ops"][: args.replay_ops]}
+    print(f"python -m kvlab replay prefix-cache, the trace as a scenario ({args.blocks:,} blocks):")
+    report_replay("prefix-cache", big, small)
 
 
 if __name__ == "__main__":

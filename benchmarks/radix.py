@@ -16,6 +16,13 @@ It prints ops/s for the whole trace, then, on its first 20k ops, side by side:
   still heapifies all of them per call).
 
 Both must evict the same runs in the same order; the script checks it.
+
+Then the replay CLI on the trace written as a scenario: ``python -m kvlab
+replay radix --changes`` on all of it (one line per op with what it changed:
+output and time grow with the ops) beside the default full records on
+``--replay-ops`` of it (each record holds the whole tree: ops x nodes). CPU
+seconds (user + system) and peak memory are the child process's
+(``benchmarks/prefix_cache.py``'s ``time_replay``).
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from kvlab.models.radix import RadixNode, RadixTree  # noqa: E402
 
@@ -104,6 +112,33 @@ def run(tree: RadixTree, requests: list, capacity: int, num_ops: int, in_flight:
     return ops, time.perf_counter() - start, evictions
 
 
+def make_scenario(num_ops: int, capacity: int = 100_000, in_flight: int = 16, seed: int = 0) -> dict:
+    """The trace as a replay scenario (``match`` with ``as``, ``lock``, ``insert``, ``unlock``, ``evict``)."""
+    tree = RadixTree(page_size=1)  # a shadow tree: evict only when the real replay would hold too much
+    ops: list[dict] = []
+    running: list[tuple[str, list[int]]] = []
+    handles: dict[str, RadixNode] = {}
+    for i, (prompt, full) in enumerate(make_trace(num_ops, seed)):
+        if len(ops) >= num_ops:
+            break
+        name = f"r{i}"
+        node = tree.match(prompt).node
+        tree.lock(node)
+        handles[name] = node
+        ops += [{"op": "match", "tokens": prompt, "as": name}, {"op": "lock", "node": name}]
+        running.append((name, full))
+        if len(running) > in_flight:
+            done, finished = running.pop(0)
+            tree.insert(finished)
+            tree.unlock(handles.pop(done))
+            ops += [{"op": "insert", "tokens": finished}, {"op": "unlock", "node": done}]
+        excess = tree.total_tokens - capacity
+        if excess > 0:
+            tree.evict(excess)
+            ops.append({"op": "evict", "num_tokens": excess})
+    return {"config": {"page_size": 1}, "ops": ops}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", type=int, default=100_000, help="tree calls in the trace (default 100000)")
@@ -115,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=20_000,
         help="calls for the side-by-side comparison with the rescan (default 20000)",
+    )
+    parser.add_argument(
+        "--replay-ops", type=int, default=2000, help="ops for the CLI's default (full) mode (default 2000)"
     )
     args = parser.parse_args(argv)
     requests = make_trace(args.ops)
@@ -140,6 +178,13 @@ def main(argv: list[str] | None = None) -> int:
     for name, (_, secs, _) in side.items():
         print(f"  {name:<30}{n / secs:>10,.0f} ops/s  {secs:6.2f} s")
     print(f"  ratio {slow / fast:.1f}x")
+
+    from prefix_cache import report_replay  # benchmarks/prefix_cache.py: the CLI timed in a child process
+
+    big = make_scenario(args.ops, args.capacity)
+    small = {"config": big["config"], "ops": big["ops"][: args.replay_ops]}
+    print(f"python -m kvlab replay radix, the trace as a scenario ({len(big['ops']):,} ops):")
+    report_replay("radix", big, small)
     return 0
 
 

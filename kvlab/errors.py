@@ -146,7 +146,11 @@ def cdiv(a: int, b: int) -> int:
 
 
 def check_int(name: str, value: object, *, minimum: int | None = None, maximum: int | None = None) -> int:
-    """Return ``value`` if it is an int (not a bool; numpy ints are converted) in [minimum, maximum]."""
+    """Return ``value`` if it is an int (not a bool; numpy ints are converted) in [minimum, maximum].
+
+    The one rule for floats: every float is refused, an integral one (``4.0``) too, with a message
+    that says to pass an int, so a size is never silently truncated (``1.9`` is not 1).
+    """
     if type(value) is not int:
         value = _as_int(name, value)
     if minimum is not None and value < minimum:
@@ -158,14 +162,16 @@ def check_int(name: str, value: object, *, minimum: int | None = None, maximum: 
 
 def _as_int(name: str, value: object) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
-        return int(value)  # an int subclass: keep only its plain value
+        return int.__int__(value)  # an int subclass: keep only its plain value, whatever it overrides
     try:
         import numpy as np
 
-        if isinstance(value, np.integer):
+        if isinstance(value, np.integer) and not isinstance(value, np.bool_):
             return int(value)
     except ImportError:  # pragma: no cover
         pass
+    if isinstance(value, float) and value.is_integer():
+        raise InvalidArgumentError(f"{name} must be an integer: pass an int, not the float {value!r}")
     raise InvalidArgumentError(f"{name} must be an integer, got {brief(value)} ({type(value).__name__})")
 
 
@@ -180,19 +186,59 @@ def check_choice(name: str, value: object, choices: tuple[str, ...], *, what: st
     """Return ``value`` if it is a ``str`` equal to one of ``choices``; compared by exact type and value."""
     if type(value) is str and value in choices:
         return value
-    if isinstance(value, str) and str(value) in choices:
-        return str(value)
+    if isinstance(value, str):  # a str subclass: compare its plain text, never its own __eq__ or __str__
+        plain = str.__str__(value)
+        if plain in choices:
+            return plain
     label = what or name
     raise InvalidArgumentError(f"unknown {label} {brief(value)}: {name} must be one of {', '.join(choices)}")
 
 
-def check_tokens(
-    name: str, tokens: object, *, allow_empty: bool = False, in_range: bool = False
-) -> list[int]:
-    """Return ``tokens`` as a list of plain ints; refuse strings, floats, bools and (``in_range``) ids outside 0..MAX_TOKEN_ID."""
-    if isinstance(tokens, (str, bytes)) or not hasattr(tokens, "__iter__"):
+def check_id(name: str, value: object) -> str:
+    """Return ``value`` if it is a non-empty ``str`` (a request or sequence id); a str subclass becomes its plain text."""
+    if isinstance(value, str):
+        plain = value if type(value) is str else str.__str__(value)
+        if plain:
+            return plain
+    raise InvalidArgumentError(f"{name} must be a non-empty string, got {brief(value)}")
+
+
+def check_optional_str(name: str, value: object, *, allow_empty: bool = True) -> str | None:
+    """Return ``value`` if it is None or a ``str`` (non-empty unless ``allow_empty``), as plain text."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        plain = value if type(value) is str else str.__str__(value)
+        if plain or allow_empty:
+            return plain
+    what = "a string" if allow_empty else "a non-empty string"
+    raise InvalidArgumentError(f"{name} must be {what} or None, got {brief(value)}")
+
+
+def check_tokens(name: str, tokens: object, *, allow_empty: bool = False, in_range: bool = True) -> list[int]:
+    """Return ``tokens`` as a list of plain ints: the one token-id check of kvlab.
+
+    Refuses strings, mappings, sets, floats, bools, ids outside 0..MAX_TOKEN_ID (the one range of
+    token ids everywhere; ``in_range=False`` only for callers that pass other integers through this
+    check) and more than ``LIMITS.tokens`` items (read lazily, so an endless iterator is refused too).
+    """
+    from collections.abc import Mapping, Set
+    from itertools import islice
+
+    if isinstance(tokens, (str, bytes, bytearray, Mapping, Set)) or not hasattr(tokens, "__iter__"):
         raise InvalidArgumentError(f"{name} must be a list of integer token ids, got {type(tokens).__name__}")
-    out = list(tokens)  # type: ignore[call-overload]
+    bound = LIMITS.tokens
+    try:
+        out = list(islice(tokens, bound + 1))  # type: ignore[call-overload]
+    except Exception:  # an object whose iteration raises (a 0-d numpy array, a hostile __iter__)
+        raise InvalidArgumentError(
+            f"{name} must be a list of integer token ids, got {brief(tokens)} ({type(tokens).__name__})"
+        ) from None
+    if len(out) > bound:
+        raise InvalidArgumentError(
+            f"{name} holds more than {bound:,} tokens (kvlab's limit LIMITS.tokens); "
+            "for a deliberately larger run use kvlab.errors.raised_limits(tokens=...)"
+        )
     for i, t in enumerate(out):
         if type(t) is not int:
             try:

@@ -143,7 +143,7 @@ def renders() -> Iterator[Render]:
     for step in ex8.history:
         yield (
             f"ex8_radix_{step.index}",
-            lambda step=step: views.radix_figure(step.state, title=caption(step)),
+            lambda step=step: views.radix_tree_figure(step.state, title=caption(step)),
         )
     yield from animation_frames("ex8_anim", animations.radix_animation(ex8.history), [2, 4, -1])
 
@@ -203,12 +203,12 @@ def renders() -> Iterator[Render]:
         )
     yield (
         "edge_radix_empty",
-        lambda: views.radix_figure(radix.RadixTree().snapshot(), title="empty tree"),
+        lambda: views.radix_tree_figure(radix.RadixTree().snapshot(), title="empty tree"),
     )
     wide = radix.RadixTree()
     for k in range(24):
         wide.insert([1, 2, 3, 100 + k, 200 + k])
-    yield "edge_radix_24_leaves", lambda: views.radix_figure(wide.snapshot(), title="24 leaves")
+    yield "edge_radix_24_leaves", lambda: views.radix_tree_figure(wide.snapshot(), title="24 leaves")
 
     # the widgets' figures as they look after some steps
     stepper = Stepper(h7)

@@ -12,10 +12,16 @@ import argparse
 import json
 import sys
 
-from kvlab.errors import KvlabError
+from kvlab.errors import LIMITS, KvlabError, brief
 
 MAX_SYSTEM_TOKENS = 16000
 MAX_BLOCK_SIZE = 4096
+MAX_TURNS = 1000
+"""Most turns: the history grows ~50 tokens a turn, so 1,000 turns is a 50k-token prompt on a CPU."""
+MAX_REPLY_TOKENS = 4096
+"""Most tokens sampled per reply (each is one decode step of the tiny model)."""
+MAX_THREADS = 1024
+"""Most torch CPU threads (more than any machine's cores)."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -25,10 +31,14 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _whole_number(text: str) -> int:
+    if len(text.strip().lstrip("+-").replace("_", "")) > LIMITS.int_digits:
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number of at most {LIMITS.int_digits} digits, got {brief(text, 30)}"
+        )
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {brief(text)}") from None
 
 
 def _positive(text: str) -> int:
@@ -36,6 +46,16 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def _at_most(bound: int, why: str):
+    def parse(text: str) -> int:
+        value = _positive(text)
+        if value > bound:
+            raise argparse.ArgumentTypeError(f"at most {bound} ({why}), got {value}")
+        return value
+
+    return parse
 
 
 def _block_size(text: str) -> int:
@@ -61,8 +81,18 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m kvlab chat",
         description="Run an agent-like chat on the tiny real engine and print llama-server-style cache counters.",
     )
-    p.add_argument("--turns", type=_positive, default=4, help="number of user turns (default 4)")
-    p.add_argument("--max-tokens", type=_positive, default=8, help="tokens sampled per reply (default 8)")
+    p.add_argument(
+        "--turns",
+        type=_at_most(MAX_TURNS, "the tiny engine runs on a CPU"),
+        default=4,
+        help=f"number of user turns (default 4, at most {MAX_TURNS})",
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=_at_most(MAX_REPLY_TOKENS, "the tiny engine runs on a CPU"),
+        default=8,
+        help=f"tokens sampled per reply (default 8, at most {MAX_REPLY_TOKENS})",
+    )
     p.add_argument(
         "--cache",
         choices=("slot", "blocks", "off"),
@@ -80,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     p.add_argument(
         "--threads",
-        type=_positive,
+        type=_at_most(MAX_THREADS, "more than any machine's cores"),
         default=1,
         help="torch CPU threads (default 1: the tiny model's ops are too small to gain from more)",
     )

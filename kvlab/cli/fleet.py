@@ -9,7 +9,9 @@ other settings keep the lesson's values: 200 users, 6 turns, seed 1, a
 salt, one replica). ``--engine`` runs the same traffic through the prefix-cache
 model, where running work pins blocks (``--concurrent``, ``--busy-blocks``).
 ``--json`` prints the rows as a JSON list. Bad arguments exit with status 2
-and one line on stderr.
+and one line on stderr, at once: sizes past ``kvlab.errors.LIMITS`` (users, turns,
+replicas, a system prompt or a traffic whose tokens exceed ``LIMITS.total_tokens``)
+are refused before any traffic is drawn.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 
-from kvlab.errors import KvlabError
+from kvlab.errors import LIMITS, KvlabError, brief
 from kvlab.fleet import HASH_SCHEMES, HEADERS, ROUTINGS, SALTS, FleetConfig, simulate
 from kvlab.lessons.fleet import format_table, lesson_table
 
@@ -49,10 +51,15 @@ class _Parser(argparse.ArgumentParser):
 
 def _integer(minimum: int | None) -> Callable[[str], int]:
     def parse(text: str) -> int:
+        digits = text.strip().lstrip("+-").replace("_", "")
+        if len(digits) > LIMITS.int_digits:
+            raise argparse.ArgumentTypeError(
+                f"must be an integer of at most {LIMITS.int_digits} digits, got {brief(text, 30)}"
+            )
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"must be an integer, got {brief(text)}") from None
         if minimum is not None and value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
         return value

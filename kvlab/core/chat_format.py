@@ -23,9 +23,21 @@ import hashlib
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import islice
 
 from kvlab.core.workloads import JavaRandom, java_list_hash
-from kvlab.errors import MAX_TOKEN_ID, InvalidArgumentError, KvlabError, check_choice, check_int, check_tokens
+from kvlab.errors import (
+    LIMITS,
+    MAX_TOKEN_ID,
+    InvalidArgumentError,
+    KvlabError,
+    brief,
+    check_bool,
+    check_choice,
+    check_int,
+    check_size,
+    check_tokens,
+)
 
 SPECIAL_TOKENS: dict[str, int] = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2}
 FIRST_ORDINARY_ID = 16
@@ -84,6 +96,7 @@ class Tokenizer:
     @staticmethod
     def piece_id(piece: str) -> int:
         """The id of one piece: a special token's fixed id, or a hash of the piece's UTF-8 bytes."""
+        piece = _check_text("piece", piece)
         if piece in SPECIAL_TOKENS:
             return SPECIAL_TOKENS[piece]
         digest = hashlib.blake2b(piece.encode("utf-8"), digest_size=8).digest()
@@ -92,13 +105,19 @@ class Tokenizer:
     @staticmethod
     def split(text: str) -> list[str]:
         """The pieces of ``text``, in order; joining them gives ``text`` back."""
-        if not isinstance(text, str):
-            raise InvalidArgumentError(f"text must be a string, got {type(text).__name__}")
-        return _PIECE.findall(text)
+        return _PIECE.findall(_check_text("text", text))
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text``; remembers each piece so ``decode`` can give the text back."""
+        """Token ids of ``text``; remembers each piece so ``decode`` can give the text back.
+
+        At most ``LIMITS.tokens`` pieces: longer text is refused before anything is remembered.
+        """
         pieces = self.split(text)
+        if len(pieces) > LIMITS.tokens:
+            raise InvalidArgumentError(
+                f"text has {len(pieces):,} tokens, more than {LIMITS.tokens:,} (kvlab's limit LIMITS.tokens); "
+                "for a deliberately larger run use kvlab.errors.raised_limits(tokens=...)"
+            )
         ids = [self.piece_id(p) for p in pieces]
         for i, p in zip(ids, pieces, strict=True):
             known = self._pieces.get(i)
@@ -122,10 +141,31 @@ class Tokenizer:
         return self.decode([check_int("token_id", token_id)])
 
 
+def _check_text(name: str, text: object) -> str:
+    """A plain ``str`` that UTF-8 can encode (token ids hash its bytes); a str subclass becomes its text."""
+    if not isinstance(text, str):
+        raise InvalidArgumentError(f"{name} must be a string, got {brief(text)} ({type(text).__name__})")
+    text = text if type(text) is str else str.__str__(text)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidArgumentError(
+            f"{name} is not valid text: UTF-8 cannot encode character {exc.start} (a lone surrogate); "
+            "decode your input properly first"
+        ) from None
+    return text
+
+
 @dataclass(frozen=True)
 class Message:
+    """One chat message: ``role`` is one of ``ROLES``, ``content`` its text."""
+
     role: str
     content: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "role", check_choice("role", self.role, ROLES))
+        object.__setattr__(self, "content", _check_text("content", self.content))
 
 
 @dataclass(frozen=True)
@@ -155,18 +195,34 @@ def as_messages(messages: Iterable[Message | Mapping[str, str]]) -> list[Message
     """Accept ``Message`` objects or ``{"role": ..., "content": ...}`` dicts; validate roles and text."""
     if isinstance(messages, (str, bytes, Mapping)) or not hasattr(messages, "__iter__"):
         raise InvalidArgumentError("messages must be a list of messages (dicts with 'role' and 'content')")
+    bound = LIMITS.count
+    try:
+        items = list(islice(messages, bound + 1))  # type: ignore[call-overload]
+    except Exception:
+        raise InvalidArgumentError(
+            f"messages must be a list of messages, got {brief(messages)} ({type(messages).__name__})"
+        ) from None
+    if len(items) > bound:
+        raise InvalidArgumentError(
+            f"more than {bound:,} messages (kvlab's limit LIMITS.count); "
+            "for a deliberately larger run use kvlab.errors.raised_limits(count=...)"
+        )
     out: list[Message] = []
-    for i, m in enumerate(messages):
+    for i, m in enumerate(items):
         if isinstance(m, Mapping):
             if set(m) != {"role", "content"}:
                 raise InvalidArgumentError(f"messages[{i}] must have exactly the keys 'role' and 'content'")
-            m = Message(m["role"], m["content"])
-        if not isinstance(m, Message):
+            role, content = m["role"], m["content"]
+        elif isinstance(m, Message):
+            role, content = m.role, m.content
+        else:
             raise InvalidArgumentError(f"messages[{i}] must be a Message or a dict, got {type(m).__name__}")
-        check_choice(f"messages[{i}] role", m.role, ROLES, what="role")
-        if not isinstance(m.content, str):
-            raise InvalidArgumentError(f"messages[{i}] content must be a string")
-        out.append(m)
+        out.append(
+            Message(
+                check_choice(f"messages[{i}] role", role, ROLES, what="role"),
+                _check_text(f"messages[{i}] content", content),
+            )
+        )
     return out
 
 
@@ -174,6 +230,7 @@ def render_text(
     messages: Iterable[Message | Mapping[str, str]], *, add_generation_prompt: bool = True
 ) -> str:
     """The ChatML text of ``messages``, as the template would produce it."""
+    check_bool("add_generation_prompt", add_generation_prompt)
     msgs = as_messages(messages)
     text = "".join(f"<|im_start|>{m.role}\n{m.content}<|im_end|>\n" for m in msgs)
     return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
@@ -186,8 +243,8 @@ def render(
     add_generation_prompt: bool = True,
 ) -> RenderedPrompt:
     """Render and tokenize ``messages``; each message's span is recorded for checkpoint placement."""
-    if not isinstance(tokenizer, Tokenizer):
-        raise InvalidArgumentError(f"tokenizer must be a kvlab Tokenizer, got {type(tokenizer).__name__}")
+    _check_tokenizer(tokenizer)
+    check_bool("add_generation_prompt", add_generation_prompt)
     msgs = as_messages(messages)
     if not msgs and not add_generation_prompt:
         raise InvalidArgumentError("nothing to render: give at least one message")
@@ -197,6 +254,11 @@ def render(
         ids = tokenizer.encode(render_text([m], add_generation_prompt=False))
         spans.append(MessageSpan(m.role, len(tokens), len(ids)))
         tokens += ids
+        if len(tokens) > LIMITS.tokens:
+            raise InvalidArgumentError(
+                f"the rendered prompt has more than {LIMITS.tokens:,} tokens (kvlab's limit LIMITS.tokens); "
+                "send fewer or shorter messages"
+            )
     if add_generation_prompt:
         tokens += tokenizer.encode("<|im_start|>assistant\n")
     return RenderedPrompt(tuple(tokens), tuple(spans))
@@ -210,7 +272,13 @@ def reply_tokens(tokenizer: Tokenizer, prompt: Sequence[int], n: int) -> list[in
     its leading space, so the reply text tokenizes back to the same ids when it
     is sent again inside the history.
     """
+    _check_tokenizer(tokenizer)
     toks = check_tokens("prompt", prompt)
-    check_int("n", n, minimum=0)
+    n = check_size("n", n, "tokens")
     rnd = JavaRandom(java_list_hash(toks))
     return [tokenizer.encode(" " + REPLY_WORDS[rnd.next_int(len(REPLY_WORDS))])[0] for _ in range(n)]
+
+
+def _check_tokenizer(tokenizer: object) -> None:
+    if not isinstance(tokenizer, Tokenizer):
+        raise InvalidArgumentError(f"tokenizer must be a kvlab Tokenizer, got {type(tokenizer).__name__}")

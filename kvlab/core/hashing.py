@@ -32,9 +32,20 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvlab.errors import InvalidArgumentError, check_choice, check_int, check_tokens
+from kvlab.errors import (
+    InvalidArgumentError,
+    brief,
+    check_bool,
+    check_choice,
+    check_int,
+    check_optional_str,
+    check_size,
+    check_tokens,
+)
 
 SCHEMES = ("lesson", "vllm")
+DIGEST_BYTES = 32
+"""Both schemes are SHA-256 chains: every digest, and so every ``parent``, is 32 bytes."""
 
 LESSON_NONE_HASH = hashlib.sha256(b"NONE").digest()
 VLLM_NONE_HASH = hashlib.sha256(pickle.dumps("vllm-none-hash", protocol=pickle.HIGHEST_PROTOCOL)).digest()
@@ -42,12 +53,12 @@ VLLM_NONE_HASH = hashlib.sha256(pickle.dumps("vllm-none-hash", protocol=pickle.H
 
 def none_hash(scheme: str = "lesson") -> bytes:
     """The fixed parent of block 0 under ``scheme``."""
-    check_choice("scheme", scheme, SCHEMES, what="hash scheme")
+    scheme = check_choice("scheme", scheme, SCHEMES, what="hash scheme")
     return LESSON_NONE_HASH if scheme == "lesson" else VLLM_NONE_HASH
 
 
 def hash_block(
-    parent: bytes,
+    parent: bytes | None,
     block_tokens: Sequence[int],
     *,
     salt: str | None = None,
@@ -56,9 +67,44 @@ def hash_block(
 ) -> bytes:
     """Hash one full block given its parent's digest.
 
-    ``first`` says the block is block 0 of its sequence (the vLLM scheme puts
-    the salt into block 0 only).
+    ``parent`` is the previous block's 32-byte digest, or None for block 0 (its parent is then
+    ``none_hash(scheme)``). ``block_tokens`` are token ids 0..MAX_TOKEN_ID (so the lesson scheme's
+    4-byte signed packing always fits), at least one of them. ``salt`` is a string or None.
+    ``first`` says the block is block 0 of its sequence (the vLLM scheme puts the salt into block
+    0 only). Anything else is refused with ``InvalidArgumentError``.
     """
+    scheme = check_choice("scheme", scheme, SCHEMES, what="hash scheme")
+    if parent is None:
+        parent = none_hash(scheme)
+    elif not isinstance(parent, bytes) or len(parent) != DIGEST_BYTES:
+        raise InvalidArgumentError(
+            f"parent must be a {DIGEST_BYTES}-byte digest (a previous hash_block result or none_hash()) "
+            f"or None for block 0, got {brief(parent)}"
+        )
+    toks = check_tokens("block_tokens", block_tokens)
+    check_size("block_tokens' length", len(toks), "block_size")
+    salt = check_salt(salt)
+    check_bool("first", first)
+    return _hash_block(bytes(parent), toks, salt, first, scheme)
+
+
+def check_salt(salt: object) -> str | None:
+    """A salt is None or a string that UTF-8 can encode (no lone surrogates): the lesson scheme hashes its bytes."""
+    salt = check_optional_str("salt", salt)
+    if salt is not None:
+        try:
+            salt.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidArgumentError(
+                f"salt {brief(salt)} is not valid text (UTF-8 cannot encode it); use ordinary characters"
+            ) from None
+    return salt
+
+
+def _hash_block(
+    parent: bytes, block_tokens: Sequence[int], salt: str | None, first: bool, scheme: str
+) -> bytes:
+    """``hash_block`` on arguments already checked (the models' hot path)."""
     if scheme == "lesson":
         data = parent + struct.pack(f">{len(block_tokens)}i", *block_tokens)
         if salt is not None:
@@ -72,31 +118,29 @@ def hash_block(
 def block_hashes(
     tokens: Sequence[int], block_size: int, *, salt: str | None = None, scheme: str = "lesson"
 ) -> list[bytes]:
-    """One digest per full block of ``tokens``; a trailing partial block gets none."""
+    """One digest per full block of ``tokens``; a trailing partial block gets none.
+
+    ``tokens`` are ids 0..MAX_TOKEN_ID, at most ``LIMITS.tokens`` of them; ``block_size`` is at
+    most ``LIMITS.block_size``.
+    """
     toks = check_tokens("tokens", tokens, allow_empty=True)
-    check_int("block_size", block_size, minimum=1)
+    block_size = check_size("block_size", block_size, "block_size", minimum=1)
     scheme = check_choice("scheme", scheme, SCHEMES, what="hash scheme")
-    if salt is not None and not isinstance(salt, str):
-        raise InvalidArgumentError(f"salt must be a string or None, got {type(salt).__name__}")
-    if scheme == "lesson":
-        for t in toks:
-            if not -(2**31) <= t < 2**31:
-                raise InvalidArgumentError(
-                    f"token id {t} does not fit the lesson scheme's 4-byte signed ints; use scheme='vllm'"
-                )
+    salt = check_salt(salt)
     out: list[bytes] = []
     parent = none_hash(scheme)
     for start in range(0, len(toks) - block_size + 1, block_size):
-        parent = hash_block(
-            parent, toks[start : start + block_size], salt=salt, first=start == 0, scheme=scheme
-        )
+        parent = _hash_block(parent, toks[start : start + block_size], salt, start == 0, scheme)
         out.append(parent)
     return out
 
 
 def short(digest: bytes, nbytes: int = 4) -> str:
-    """The first ``nbytes`` bytes as hex, the way the lesson prints a hash."""
-    return digest[:nbytes].hex()
+    """The first ``nbytes`` bytes (1..32) of a digest as hex, the way the lesson prints a hash."""
+    if not isinstance(digest, bytes):
+        raise InvalidArgumentError(f"digest must be bytes (a block hash), got {brief(digest)}")
+    check_int("nbytes", nbytes, minimum=1, maximum=DIGEST_BYTES)
+    return bytes(digest[:nbytes]).hex()
 
 
 @dataclass(frozen=True)
@@ -121,8 +165,11 @@ def hash_chain(
     tokens: Sequence[int], block_size: int, *, salt: str | None = None, scheme: str = "lesson"
 ) -> HashChain:
     """``block_hashes(tokens, block_size, ...)`` together with the blocks they cover and the unhashed tail."""
-    digests = block_hashes(tokens, block_size, salt=salt, scheme=scheme)
-    toks = [int(t) for t in tokens]
+    toks = check_tokens("tokens", tokens, allow_empty=True)
+    scheme = check_choice("scheme", scheme, SCHEMES, what="hash scheme")
+    salt = check_salt(salt)
+    block_size = check_size("block_size", block_size, "block_size", minimum=1)
+    digests = block_hashes(toks, block_size, salt=salt, scheme=scheme)
     hashed = len(digests) * block_size
     blocks = tuple(tuple(toks[i : i + block_size]) for i in range(0, hashed, block_size))
     return HashChain(tuple(digests), blocks, tuple(toks[hashed:]), block_size, scheme, salt)

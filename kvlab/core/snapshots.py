@@ -9,7 +9,9 @@ and never touch a model, so a slider is just an index into ``history.steps``.
 
 The state types are frozen dataclasses made of tuples, ints and strings, so a
 snapshot can never change after it was taken and two snapshots compare equal
-exactly when the states are the same.
+exactly when the states are the same. Kept as one module, longer than most: the
+History and the views take every model's state types from this one place, and
+the radix node needs its own non-recursive equality, hash, repr and pickling.
 """
 
 from __future__ import annotations
@@ -267,13 +269,21 @@ class BlockPoolState:
 # ---------------------------------------------------------------- radix tree (example 8)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class RadixNodeState:
     """One node of a radix tree: the token run on the edge into it, its lock count, last access.
 
     ``extra_key`` is the namespace the run belongs to (a LoRA id or cache salt in
     SGLang); runs under different extra keys never share nodes, so two trees that
     differ only in namespaces must not compare equal.
+
+    A tree can be as deep as its longest prompt (each insert that leaves a run one
+    token further down adds a level), far deeper than Python's recursion limit, so
+    nothing here recurses: equality, hashing, ``repr``, copying and pickling walk
+    the subtree with an explicit stack. They mean what a frozen dataclass's would
+    (field by field, children in order, the same ``repr`` text). Two snapshots of
+    one tree share every subtree that did not change between them
+    (``RadixTree.snapshot``), and equality takes a shared subtree as equal at once.
     """
 
     node_id: int
@@ -290,6 +300,76 @@ class RadixNodeState:
             depth, node = stack.pop()
             yield depth, node
             stack.extend((depth + 1, c) for c in reversed(node.children))
+
+    def _own(self) -> tuple[Any, ...]:
+        return self.node_id, self.key, self.lock_ref, self.last_access, self.extra_key, len(self.children)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        stack: list[tuple[RadixNodeState, RadixNodeState]] = [(self, other)]  # type: ignore[list-item]
+        while stack:
+            a, b = stack.pop()
+            if a is b:
+                continue
+            if a._own() != b._own():
+                return False
+            stack.extend(zip(a.children, b.children, strict=True))  # as many: _own compares the counts
+        return True
+
+    def __hash__(self) -> int:
+        cached = self.__dict__.get("_hash")
+        if cached is not None:
+            return cached
+        stack: list[tuple[RadixNodeState, bool]] = [(self, False)]
+        while stack:
+            node, ready = stack.pop()
+            if ready:
+                kids = tuple(c.__dict__["_hash"] for c in node.children)
+                object.__setattr__(node, "_hash", hash((*node._own(), kids)))
+            elif "_hash" not in node.__dict__:
+                stack.append((node, True))
+                stack.extend((c, False) for c in node.children)
+        return self.__dict__["_hash"]
+
+    def __repr__(self) -> str:
+        parts: list[str] = []
+        stack: list[RadixNodeState | str] = [self]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, str):
+                parts.append(item)
+                continue
+            parts.append(
+                f"{item.__class__.__qualname__}(node_id={item.node_id!r}, key={item.key!r}, "
+                f"lock_ref={item.lock_ref!r}, last_access={item.last_access!r}, children=("
+            )
+            kids = item.children
+            stack.append(f"{',' if len(kids) == 1 else ''}), extra_key={item.extra_key!r})")
+            for i in range(len(kids) - 1, -1, -1):
+                stack.append(kids[i])
+                if i:
+                    stack.append(", ")
+        return "".join(parts)
+
+    def __deepcopy__(self, memo: dict[int, Any] | None = None) -> RadixNodeState:
+        return self  # immutable, as a tuple is
+
+    __copy__ = __deepcopy__
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle as a flat list of nodes (depth first, each with its child count): no recursion."""
+        return _radix_nodes_from_flat, ([n._own() for _, n in self.walk()],)
+
+
+def _radix_nodes_from_flat(flat: list[tuple[Any, ...]]) -> RadixNodeState:
+    """Rebuild a pickled ``RadixNodeState`` subtree from ``__reduce__``'s flat list, bottom up."""
+    built: list[RadixNodeState] = []
+    for node_id, key, lock_ref, last_access, extra_key, n_children in reversed(flat):
+        children = tuple(built[len(built) - n_children :][::-1]) if n_children else ()
+        del built[len(built) - n_children :]
+        built.append(RadixNodeState(node_id, key, lock_ref, last_access, children, extra_key))
+    return built[0]
 
 
 @dataclass(frozen=True)
@@ -333,6 +413,9 @@ class RequestRecord:
     ram_loaded: bool = False
     n_generated: int = 0
     finished: bool = False
+    error: str | None = (
+        None  # "exceed_context_size": the server refused it (HTTP 400); cache_n = prompt_n = 0
+    )
 
     @property
     def tokens_evaluated(self) -> int:

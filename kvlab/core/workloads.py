@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvlab.errors import InvalidArgumentError, brief, check_int
+from kvlab.errors import InvalidArgumentError, brief, check_int, check_tokens
 
 _MULTIPLIER = 0x5DEECE66D
 _ADDEND = 0xB
@@ -35,16 +35,21 @@ class JavaRandom:
 
     def next_bits(self, bits: int) -> int:
         """Java's protected ``next(bits)``: the top ``bits`` bits of the next state, as a signed int."""
+        bits = check_int("bits", bits)
         if not 1 <= bits <= 32:
-            raise InvalidArgumentError(f"bits must be between 1 and 32, got {bits!r}")
+            raise InvalidArgumentError(f"bits must be between 1 and 32, got {brief(bits)}")
         self._seed = (self._seed * _MULTIPLIER + _ADDEND) & _MASK
         return _to_int32(self._seed >> (48 - bits))
 
     def next_int(self, bound: int | None = None) -> int:
-        """``nextInt()`` (any int) or ``nextInt(bound)``: uniform in [0, bound)."""
+        """``nextInt()`` (any int) or ``nextInt(bound)``: uniform in [0, bound).
+
+        ``bound`` is a positive Java int (at most 2**31 - 1), as in Java: a larger one could never
+        pass Java's overflow test and would loop forever.
+        """
         if bound is None:
             return self.next_bits(32)
-        bound = check_int("bound", bound, minimum=1)
+        bound = check_int("bound", bound, minimum=1, maximum=2**31 - 1)
         if bound & -bound == bound:  # a power of two: take the high bits
             return (bound * self.next_bits(31)) >> 31
         while True:
@@ -79,6 +84,6 @@ class JavaRandom:
 def java_list_hash(values: list[int]) -> int:
     """``java.util.List.hashCode()`` of a list of Integers (31 * h + x, wrapping at 32 bits)."""
     h = 1
-    for v in values:
+    for v in check_tokens("values", values, allow_empty=True, in_range=False):
         h = _to_int32(31 * h + _to_int32(v))
     return h

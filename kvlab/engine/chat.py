@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from kvlab.core.chat_format import REPLY_WORDS, Message, render
 from kvlab.core.workloads import JavaRandom
 from kvlab.engine.engine import Engine
-from kvlab.errors import InvalidArgumentError, check_int
+from kvlab.errors import InvalidArgumentError, check_bool, check_size
 from kvlab.lessons.ex10 import EXAMPLE_MESSAGES, EXAMPLE_SYSTEM, clock_at_ten
 
 
@@ -40,8 +40,11 @@ class ChatTurnResult:
 
 
 def system_prompt(num_tokens: int) -> str:
-    """A system prompt of exactly ``num_tokens`` tokens (seeded words, each one token); 0 gives the lesson's."""
-    check_int("system_tokens", num_tokens, minimum=0)
+    """A system prompt of exactly ``num_tokens`` tokens (seeded words, each one token); 0 gives the lesson's.
+
+    At most ``LIMITS.tokens`` tokens, one request's worth.
+    """
+    num_tokens = check_size("system_tokens", num_tokens, "tokens")
     if num_tokens == 0:
         return EXAMPLE_SYSTEM
     rnd = JavaRandom(num_tokens)
@@ -50,6 +53,7 @@ def system_prompt(num_tokens: int) -> str:
 
 def user_message(turn: int) -> str:
     """The lesson's four messages, then the same again with a pass number so every turn differs."""
+    turn = check_size("turn", turn, "turns")
     base = EXAMPLE_MESSAGES[turn % len(EXAMPLE_MESSAGES)]
     cycle = turn // len(EXAMPLE_MESSAGES)
     return base if cycle == 0 else f"{base} Pass {cycle + 1}."
@@ -63,14 +67,17 @@ def run_chat(
     system_tokens: int = 0,
     clock: bool = False,
 ) -> list[ChatTurnResult]:
-    """Run ``turns`` turns on ``engine`` and return one result per turn."""
+    """Run ``turns`` turns on ``engine`` and return one result per turn.
+
+    ``turns`` is at most ``LIMITS.turns``, ``max_tokens`` and ``system_tokens`` at most
+    ``LIMITS.tokens``; the engine's ``max_model_len`` bounds them much more tightly in practice.
+    """
     if not isinstance(engine, Engine):
         raise InvalidArgumentError(f"engine must be a kvlab.engine.Engine, got {type(engine).__name__}")
-    check_int("turns", turns, minimum=1)
-    check_int("max_tokens", max_tokens, minimum=1)
+    turns = check_size("turns", turns, "turns", minimum=1)
+    max_tokens = check_size("max_tokens", max_tokens, "tokens", minimum=1)
+    check_bool("clock", clock)
     system = system_prompt(system_tokens)
-    if not isinstance(clock, bool):
-        raise InvalidArgumentError("clock must be True or False")
     history: list[Message] = []
     out: list[ChatTurnResult] = []
     for i in range(turns):
@@ -90,5 +97,8 @@ def run_chat(
 
 def context_needed(turns: int, max_tokens: int, system_tokens: int) -> int:
     """A safe upper bound on the longest prompt + reply of a run, to size the engine."""
+    turns = check_size("turns", turns, "turns", minimum=1)
+    max_tokens = check_size("max_tokens", max_tokens, "tokens", minimum=1)
+    system_tokens = check_size("system_tokens", system_tokens, "tokens")
     per_turn = 40 + max_tokens  # a user message, its template tokens and the reply
     return len(EXAMPLE_SYSTEM) + system_tokens + 16 + turns * per_turn + max_tokens

@@ -24,7 +24,6 @@ would (``cache_n``, ``prompt_n``) and the time to first token, measured.
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -34,11 +33,23 @@ import torch
 
 from kvlab.core.chat_format import REPLY_WORDS, Tokenizer
 from kvlab.engine.model import KVPool, ModelConfig, TinyTransformer
-from kvlab.errors import DuplicateRequestError, InvalidArgumentError, cdiv, check_int, check_tokens
+from kvlab.errors import (
+    DuplicateRequestError,
+    InvalidArgumentError,
+    brief,
+    cdiv,
+    check_bool,
+    check_choice,
+    check_id,
+    check_optional_str,
+    check_size,
+    check_tokens,
+)
 from kvlab.models.prefix_cache import PrefixCache
 from kvlab.server.slots import common_prefix
 
 CACHE_MODES = ("blocks", "slot", "off")
+ATTENTIONS = ("auto", "reference", "torch", "triton")
 
 
 @dataclass(frozen=True)
@@ -66,6 +77,10 @@ class Engine:
     ``max_model_len`` bounds prompt + generated tokens. The pool holds
     ``num_blocks`` blocks; by default four full-length sequences' worth in
     ``"blocks"`` mode (so earlier prompts stay cached a while), one otherwise.
+
+    Bounds: ``max_model_len`` at most ``LIMITS.tokens``, ``block_size`` at most
+    ``LIMITS.block_size``, ``num_blocks`` at most ``LIMITS.num_blocks``, and the pool's tensors at
+    most ``kvlab.engine.model.MAX_MIB`` (``KVPool``).
     """
 
     def __init__(
@@ -80,17 +95,19 @@ class Engine:
         device: str = "cpu",
         tokenizer: Tokenizer | None = None,
     ) -> None:
-        if cache not in CACHE_MODES:
-            raise InvalidArgumentError(f"unknown cache mode {cache!r}: use one of {', '.join(CACHE_MODES)}")
-        check_int("block_size", block_size, minimum=1)
-        check_int("max_model_len", max_model_len, minimum=2)
+        cache = check_choice("cache", cache, CACHE_MODES, what="cache mode")
+        block_size = check_size("block_size", block_size, "block_size", minimum=1)
+        max_model_len = check_size("max_model_len", max_model_len, "tokens", minimum=2)
         blocks_per_seq = cdiv(max_model_len, block_size)
         if num_blocks is None:
             num_blocks = blocks_per_seq * (4 if cache == "blocks" else 1)
-        check_int("num_blocks", num_blocks, minimum=blocks_per_seq)
-        if attention not in ("auto", "reference", "torch", "triton"):
+        num_blocks = check_size("num_blocks", num_blocks, "num_blocks", minimum=blocks_per_seq)
+        attention = check_choice("attention", attention, ATTENTIONS)
+        if config is not None and not isinstance(config, ModelConfig):
+            raise InvalidArgumentError(f"config must be a ModelConfig, got {type(config).__name__}")
+        if not isinstance(device, (str, torch.device)):
             raise InvalidArgumentError(
-                f"unknown attention {attention!r}: use auto, reference, torch or triton"
+                f"device must be a string such as 'cpu' or 'cuda', got {brief(device)}"
             )
         if tokenizer is not None and not isinstance(tokenizer, Tokenizer):
             raise InvalidArgumentError("tokenizer must be a kvlab.core.chat_format.Tokenizer")
@@ -106,7 +123,7 @@ class Engine:
         self.slot_tokens: list[int] = []
         self._slot_table = torch.arange(blocks_per_seq, dtype=torch.int32)
         self._free = deque(range(num_blocks))
-        self._ids = itertools.count()
+        self._next_id = 0
         self._used_ids: set[str] = set()
         self._warm_up()
 
@@ -136,21 +153,22 @@ class Engine:
     ) -> GenerationResult:
         """Serve one request: reuse what the cache allows, prefill the rest, then sample ``max_tokens`` greedily."""
         toks = check_tokens("prompt", prompt)
-        check_int("max_tokens", max_tokens, minimum=1)
+        max_tokens = check_size("max_tokens", max_tokens, "tokens", minimum=1)
+        check_bool("record_logits", record_logits)
         if len(toks) + max_tokens > self.max_model_len:
             raise InvalidArgumentError(
                 f"prompt ({len(toks)}) + max_tokens ({max_tokens}) exceed max_model_len {self.max_model_len}: "
                 "shorten the prompt or build the Engine with a larger max_model_len"
             )
-        if cache_salt is not None and not isinstance(cache_salt, str):
-            raise InvalidArgumentError(
-                f"cache_salt must be a string or None, got {type(cache_salt).__name__}"
-            )
+        cache_salt = check_optional_str("cache_salt", cache_salt)
         if cache_salt is not None and self.cache_mode == "slot":
             raise InvalidArgumentError("cache_salt needs cache='blocks': a llama-server slot has no salt")
         rid = self._request_id(request_id)
         start = time.perf_counter()
         table, cache_n, hits = self._admit(rid, toks, max_tokens, cache_salt)
+        self._used_ids.add(rid)  # only once admitted: a refused request uses up no id
+        if request_id is None:
+            self._next_id = int(rid[4:]) + 1
         logits: list[torch.Tensor] = []
         out: list[int] = []
         try:
@@ -185,15 +203,15 @@ class Engine:
     # ------------------------------------------------------------------ internals
 
     def _request_id(self, request_id: str | None) -> str:
+        """The request's id, not yet marked used (``generate`` marks it once the request is admitted)."""
         if request_id is None:
-            request_id = f"req-{next(self._ids)}"
-            while request_id in self._used_ids:
-                request_id = f"req-{next(self._ids)}"
-        elif not isinstance(request_id, str) or not request_id:
-            raise InvalidArgumentError("request_id must be a non-empty string or None")
-        elif request_id in self._used_ids:
+            n = self._next_id
+            while f"req-{n}" in self._used_ids:
+                n += 1
+            return f"req-{n}"
+        request_id = check_id("request_id", request_id)
+        if request_id in self._used_ids:
             raise DuplicateRequestError(f"request id {request_id!r} was already used; pick a new one")
-        self._used_ids.add(request_id)
         return request_id
 
     @staticmethod

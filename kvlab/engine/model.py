@@ -23,6 +23,7 @@ mapping and ``paged_attention`` reads through the block table.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -30,7 +31,22 @@ import torch
 
 from kvlab.engine.attention import PREFILL_IMPLS, paged_attention, paged_prefill, write_kv_cache
 from kvlab.engine.attention import slot_mapping as compute_slots
-from kvlab.errors import InvalidArgumentError, check_int, check_tokens
+from kvlab.errors import (
+    InvalidArgumentError,
+    brief,
+    check_choice,
+    check_int,
+    check_size,
+    check_tokens,
+)
+
+MAX_DIM = 1 << 16
+"""Largest width of the tiny model (d_model, ffn_dim, heads, embedding rows): 16x Llama-3-8B's d_model."""
+MAX_LAYERS = 1024
+"""Most layers of the tiny model (Llama-3-405B has 126)."""
+MAX_MIB = 16 << 10
+"""Most MiB of real tensor memory one ``ModelConfig``'s weights or one ``KVPool`` may take (16 GiB):
+the engine runs on a laptop CPU or one GPU, and torch would otherwise try any size."""
 
 DTYPES = {
     "float32": torch.float32,
@@ -57,8 +73,10 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "d_model", "num_heads", "num_kv_heads", "ffn_dim", "embedding_rows"):
-            check_int(name, getattr(self, name), minimum=1)
-        check_int("seed", self.seed, minimum=0)
+            bound = MAX_LAYERS if name == "num_layers" else MAX_DIM
+            object.__setattr__(self, name, check_int(name, getattr(self, name), minimum=1, maximum=bound))
+        object.__setattr__(self, "seed", check_int("seed", self.seed, minimum=0, maximum=2**63 - 1))
+        object.__setattr__(self, "dtype", check_choice("dtype", self.dtype, tuple(DTYPES)))
         if self.d_model % self.num_heads or (self.d_model // self.num_heads) % 2:
             raise InvalidArgumentError(
                 f"d_model {self.d_model} must split into {self.num_heads} heads of an even size (RoPE rotates pairs)"
@@ -67,12 +85,26 @@ class ModelConfig:
             raise InvalidArgumentError(
                 f"num_heads {self.num_heads} must be a multiple of num_kv_heads {self.num_kv_heads}"
             )
-        if self.dtype not in DTYPES:
-            raise InvalidArgumentError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         for name in ("rope_theta", "norm_eps"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise InvalidArgumentError(f"{name} must be a positive number, got {value!r}")
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+                or value <= 0
+            ):
+                raise InvalidArgumentError(f"{name} must be a positive finite number, got {brief(value)}")
+        params = (
+            self.embedding_rows * self.d_model
+            + self.num_layers * (2 * self.d_model * (self.num_heads + self.num_kv_heads) * self.head_dim
+                                 + 3 * self.d_model * self.ffn_dim)
+        )  # fmt: skip
+        mib = params * DTYPES[self.dtype].itemsize / 2**20
+        if mib > MAX_MIB:
+            raise InvalidArgumentError(
+                f"this model's weights would take {mib:,.0f} MiB, more than {MAX_MIB:,} (kvlab's MAX_MIB "
+                "for the tiny engine); use fewer layers or narrower ones"
+            )
 
     @property
     def head_dim(self) -> int:
@@ -93,8 +125,16 @@ class KVPool:
     def __init__(
         self, config: ModelConfig, num_blocks: int, block_size: int, device: str | torch.device = "cpu"
     ):
-        check_int("num_blocks", num_blocks, minimum=1)
-        check_int("block_size", block_size, minimum=1)
+        if not isinstance(config, ModelConfig):
+            raise InvalidArgumentError(f"config must be a ModelConfig, got {type(config).__name__}")
+        num_blocks = check_size("num_blocks", num_blocks, "num_blocks", minimum=1)
+        block_size = check_size("block_size", block_size, "block_size", minimum=1)
+        mib = num_blocks * block_size * config.kv_bytes_per_token() / 2**20
+        if mib > MAX_MIB:
+            raise InvalidArgumentError(
+                f"a KV pool of {num_blocks:,} blocks of {block_size} tokens would take {mib:,.0f} MiB, more than "
+                f"{MAX_MIB:,} (kvlab's MAX_MIB for the tiny engine); use fewer or smaller blocks"
+            )
         self.num_blocks = num_blocks
         self.block_size = block_size
         shape = (config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim)

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvlab.errors import InvalidArgumentError, brief, check_choice, check_int
+from kvlab.errors import InvalidArgumentError, brief, check_choice, check_size
+from kvlab.fleet.traffic import HEADERS, check_seed, check_traffic_size
 
 KIB_PER_TOKEN = 128  # Llama-3-8B: 32 layers x 8 KV heads x 128 dims x 2 (K, V) x 2 bytes
 
-HEADERS = ("none", "start", "before-message")
 SALTS = ("none", "user", "tenant")
 ROUTINGS = ("round-robin", "user-hash")
 HASH_SCHEMES = ("exact", "sha256-repr", "lesson", "vllm")
@@ -48,6 +48,15 @@ class FleetConfig:
 
     ``hash_scheme`` picks how block keys are made (``kvlab.fleet.keys``); any of
     them gives the same numbers.
+
+    Bounds, all checked here before any traffic is drawn (``kvlab.errors.LIMITS``): users, turns
+    and the system prompt as in ``kvlab.fleet.traffic.check_traffic_size`` (which also caps the
+    traffic's total tokens at ``LIMITS.total_tokens``); ``block_size`` at most
+    ``LIMITS.block_size``; ``replicas`` at most ``LIMITS.replicas``; ``tenants`` at most the users;
+    ``capacity_blocks`` at most ``LIMITS.total_tokens`` (a store never holds more blocks than the
+    traffic has tokens, so a larger cache is the same cache; the lesson's store only holds what
+    it is sent, while the engine model, which builds its pools, is bounded by ``LIMITS.num_blocks``
+    per replica in ``simulate_many``).
     """
 
     users: int = 200
@@ -64,13 +73,17 @@ class FleetConfig:
     hash_scheme: str = "exact"
 
     def __post_init__(self) -> None:
-        check_int("users", self.users, minimum=1)
-        check_int("turns", self.turns, minimum=1)
-        check_int("seed", self.seed)
-        check_int("system_tokens", self.system_tokens, minimum=0)
-        check_int("block_size", self.block_size, minimum=1)
-        check_int("capacity_blocks", self.capacity_blocks, minimum=0)
-        check_int("replicas", self.replicas, minimum=1)
+        sized = {
+            "block_size": check_size("block_size", self.block_size, "block_size", minimum=1),
+            "capacity_blocks": check_size("capacity_blocks", self.capacity_blocks, "total_tokens"),
+            "replicas": check_size("replicas", self.replicas, "replicas", minimum=1),
+            "seed": check_seed(self.seed),
+        }
+        sized["users"], sized["turns"], sized["system_tokens"] = check_traffic_size(
+            self.users, self.turns, self.system_tokens
+        )
+        for name, value in sized.items():  # numpy ints and int subclasses are kept as plain ints
+            object.__setattr__(self, name, value)
         for name, choices in (
             ("header", HEADERS),
             ("salt", SALTS),
@@ -84,7 +97,7 @@ class FleetConfig:
                 raise InvalidArgumentError(
                     "salt='tenant' needs tenants=K, the number of tenants (the lesson uses 10)"
                 )
-            check_int("tenants", self.tenants, minimum=1)
+            object.__setattr__(self, "tenants", check_size("tenants", self.tenants, "users", minimum=1))
             if self.tenants > self.users:
                 raise InvalidArgumentError(
                     f"tenants ({self.tenants}) cannot exceed users ({self.users}): each tenant needs a user"
@@ -122,9 +135,19 @@ class FleetConfig:
 
 def salt_of(config: FleetConfig, user: int) -> str | None:
     """The cache salt of ``user``'s requests: ``"user-{u}"``, ``"tenant-{t}"``, or None (shared by all)."""
+    if not isinstance(config, FleetConfig):
+        raise InvalidArgumentError(f"config must be a FleetConfig, got {type(config).__name__}")
+    user = check_user(config, user)
     if config.salt == "user":
         return f"user-{user}"
     if config.salt == "tenant":
         assert config.tenants is not None
         return f"tenant-{user * config.tenants // config.users}"
     return None
+
+
+def check_user(config: FleetConfig, user: object) -> int:
+    """A user number of ``config``: 0..users - 1."""
+    from kvlab.errors import check_int
+
+    return check_int("user", user, minimum=0, maximum=config.users - 1)

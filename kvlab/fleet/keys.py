@@ -31,6 +31,7 @@ from array import array
 from collections.abc import Hashable
 from dataclasses import dataclass
 
+from kvlab.errors import InvalidArgumentError
 from kvlab.fleet.config import FleetConfig, salt_of
 from kvlab.fleet.traffic import TOKEN_BYTES, ChatTraffic, encode_tokens, timestamp_tokens
 
@@ -161,9 +162,7 @@ class _DigestKeys:
             if self.scheme == "sha256-repr":
                 parent = hashlib.sha256(parent + repr(block).encode()).digest()  # type: ignore[operator]
             else:
-                parent = hashing.hash_block(
-                    parent, block, salt=chain.salt, first=not keys, scheme=self.scheme
-                )  # type: ignore[arg-type]
+                parent = hashing._hash_block(parent, block, chain.salt, not keys, self.scheme)  # type: ignore[arg-type]
             keys.append(parent)
 
 
@@ -192,6 +191,12 @@ class KeyedRequest:
 
 def keyed_requests(traffic: ChatTraffic, config: FleetConfig) -> list[KeyedRequest]:
     """Key every request's blocks, incrementally per user where the sequence only grows."""
+    if not isinstance(traffic, ChatTraffic):
+        raise InvalidArgumentError(f"traffic must come from chat_traffic(), got {type(traffic).__name__}")
+    if not isinstance(config, FleetConfig):
+        raise InvalidArgumentError(f"config must be a FleetConfig, got {type(config).__name__}")
+    if config.users < traffic.users:
+        raise InvalidArgumentError("traffic has more users than config: draw it with the config's values")
     size = config.block_size
     namer = _namer(config.hash_scheme)
     system, encoded_turns = traffic.encoded

@@ -29,13 +29,30 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
+from itertools import islice
 from typing import Any
 
-from kvlab.errors import InvalidArgumentError, OutOfBlocksError, cdiv, check_bool, check_int
-from kvlab.fleet.config import FleetConfig, salt_of
+from kvlab.errors import (
+    LIMITS,
+    InvalidArgumentError,
+    KvlabError,
+    OutOfBlocksError,
+    brief,
+    cdiv,
+    check_bool,
+    check_int,
+    check_size,
+)
+from kvlab.fleet.config import FleetConfig, check_user, salt_of
 from kvlab.fleet.keys import KeyedRequest, keyed_requests
 from kvlab.fleet.store import LruStore
-from kvlab.fleet.traffic import ChatTraffic, chat_traffic, prompt_lengths, prompts_and_answers
+from kvlab.fleet.traffic import (
+    ChatTraffic,
+    _prompts_and_answers,
+    chat_traffic,
+    max_traffic_tokens,
+    prompt_lengths,
+)
 
 
 @dataclass(frozen=True)
@@ -174,18 +191,28 @@ def simulate_many(
     cache would keep anyway, and running blocks can still be hit. Other work's
     blocks are what shrinks the cache. ``capacity_blocks=0`` means no prefix cache:
     nothing is run and every prompt token is computed.
+
+    Bounds, checked before anything is drawn: each config's own (``FleetConfig``); at most
+    ``LIMITS.total_tokens`` tokens sent by all the configs together; ``concurrent`` at most ``LIMITS.slots`` (requests in flight);
+    ``busy_blocks`` at most ``LIMITS.num_blocks``; in the engine model each replica's pool at
+    most ``LIMITS.num_blocks`` blocks and the busy work at most ``LIMITS.tokens`` tokens.
     """
-    configs = list(configs)
-    for i, config in enumerate(configs):
-        if not isinstance(config, FleetConfig):
-            raise InvalidArgumentError(f"configs[{i}] must be a FleetConfig, got {type(config).__name__}")
+    if isinstance(configs, (str, bytes, FleetConfig)) or not hasattr(configs, "__iter__"):
+        raise InvalidArgumentError(f"configs must be a list of FleetConfig, got {type(configs).__name__}")
+    configs = _check_configs(configs)
     if names is not None:
-        names = list(names)
+        if isinstance(names, (str, bytes)) or not hasattr(names, "__iter__"):
+            raise InvalidArgumentError(f"names must be {len(configs)} strings, one per config")
+        try:
+            names = list(islice(names, len(configs) + 1))
+        except Exception:
+            raise InvalidArgumentError(f"names must be {len(configs)} strings, one per config") from None
         if len(names) != len(configs) or not all(isinstance(n, str) for n in names):
             raise InvalidArgumentError(f"names must be {len(configs)} strings, one per config")
+        names = [n if type(n) is str else str.__str__(n) for n in names]
     check_bool("engine", engine)
-    check_int("concurrent", concurrent, minimum=1)
-    check_int("busy_blocks", busy_blocks, minimum=0)
+    concurrent = check_size("concurrent", concurrent, "slots", minimum=1)
+    busy_blocks = check_size("busy_blocks", busy_blocks, "num_blocks")
     if (concurrent > 1 or busy_blocks) and not engine:
         raise InvalidArgumentError(
             "concurrent and busy_blocks only apply to the engine model (the lesson's store runs no requests); "
@@ -204,6 +231,8 @@ def simulate_many(
     if traffic is not None:
         traffics[_traffic_key(configs[0])] = traffic
     if engine:  # check every config fits before running any
+        for i, config in enumerate(configs):
+            _check_engine_limits(config, busy_blocks, names[i] if names is not None else None)
         for i, config in enumerate(configs):
             tkey = _traffic_key(config)
             if tkey not in traffics:
@@ -226,20 +255,54 @@ def simulate_many(
     return results
 
 
+def _check_configs(configs: object) -> list[FleetConfig]:
+    """The configs as a list, read lazily: refused once their traffics together may send more than
+    ``LIMITS.total_tokens`` tokens (each config replays its traffic), so an endless iterator stops too."""
+    out: list[FleetConfig] = []
+    work = 0
+    try:
+        for i, config in enumerate(configs):  # type: ignore[call-overload]
+            if not isinstance(config, FleetConfig):
+                raise InvalidArgumentError(f"configs[{i}] must be a FleetConfig, got {type(config).__name__}")
+            work += max_traffic_tokens(config.users, config.turns, config.system_tokens)
+            if work > LIMITS.total_tokens:
+                raise InvalidArgumentError(
+                    f"configs[0..{i}] may send up to {work:,} tokens in all, more than {LIMITS.total_tokens:,} "
+                    "(kvlab's limit LIMITS.total_tokens); run fewer or smaller scenarios per call"
+                )
+            out.append(config)
+    except KvlabError:
+        raise
+    except Exception:
+        raise InvalidArgumentError(f"configs must be a list of FleetConfig, got {brief(configs)}") from None
+    return out
+
+
 def _traffic_key(config: FleetConfig) -> tuple[int, int, int, int]:
     return (config.users, config.turns, config.seed, config.system_tokens)
 
 
 def replica_capacities(capacity_blocks: int, replicas: int) -> list[int]:
-    """Each replica's share of the cache: equal, the first ``capacity_blocks % replicas`` one block more."""
-    check_int("capacity_blocks", capacity_blocks, minimum=0)
-    check_int("replicas", replicas, minimum=1)
+    """Each replica's share of the cache: equal, the first ``capacity_blocks % replicas`` one block more.
+
+    Bounded as in ``FleetConfig``: ``capacity_blocks`` by ``LIMITS.total_tokens``, ``replicas`` by ``LIMITS.replicas``.
+    """
+    capacity_blocks = check_size("capacity_blocks", capacity_blocks, "total_tokens")
+    replicas = check_size("replicas", replicas, "replicas", minimum=1)
     share, extra = divmod(capacity_blocks, replicas)
     return [share + (1 if r < extra else 0) for r in range(replicas)]
 
 
 def route(config: FleetConfig, clock: int, user: int) -> int:
-    """The replica that serves request ``clock`` of ``user``."""
+    """The replica that serves request ``clock`` (0..MAX_TOKEN_ID) of ``user`` (0..users - 1)."""
+    if not isinstance(config, FleetConfig):
+        raise InvalidArgumentError(f"config must be a FleetConfig, got {type(config).__name__}")
+    clock = check_int("clock", clock, minimum=0, maximum=2**31 - 1)
+    user = check_user(config, user)
+    return _route(config, clock, user)
+
+
+def _route(config: FleetConfig, clock: int, user: int) -> int:
     if config.replicas == 1:
         return 0
     if config.routing == "round-robin":
@@ -258,7 +321,7 @@ def _run_store(name: str, config: FleetConfig, requests: list[KeyedRequest]) -> 
     replicas, cached_tokens, cached_blocks, evicted_blocks = [], [], [], []
     prefill = occupancy = 0
     for req in requests:
-        replica = route(config, req.clock, req.user)
+        replica = _route(config, req.clock, req.user)
         store = stores[replica]
         before = len(store.blocks)
         hit, evicted = store.serve(req)
@@ -293,22 +356,41 @@ def _engine_model() -> Any:
 _OTHER_WORK_SALT = "other-work"  # the busy blocks' chains can never meet the chat's
 
 
+def _check_engine_limits(config: FleetConfig, busy_blocks: int, name: str | None) -> None:
+    """Refuse, before any traffic is drawn, pools or busy work past ``LIMITS``."""
+    if config.capacity_blocks == 0:
+        return
+    shares = replica_capacities(config.capacity_blocks, config.replicas)
+    what = f"scenario {name!r}" if name else "this traffic"
+    if max(shares) > LIMITS.num_blocks:
+        raise InvalidArgumentError(
+            f"the engine model cannot run {what}: a replica's pool of {max(shares):,} blocks is more than "
+            f"{LIMITS.num_blocks:,} (kvlab's limit LIMITS.num_blocks); use fewer capacity_blocks or more replicas"
+        )
+    if busy_blocks * config.block_size > LIMITS.tokens:
+        raise InvalidArgumentError(
+            f"the engine model cannot run {what}: {busy_blocks:,} busy blocks of {config.block_size} tokens "
+            f"are more than {LIMITS.tokens:,} tokens of other work (kvlab's limit LIMITS.tokens); "
+            "use fewer busy blocks"
+        )
+
+
 def _check_engine_fits(config: FleetConfig, traffic: ChatTraffic, busy_blocks: int, name: str | None) -> None:
     """Refuse, before anything runs, pools that cannot hold the busy blocks plus their largest request."""
     if config.capacity_blocks == 0:
         return
     shares = replica_capacities(config.capacity_blocks, config.replicas)
+    what = f"scenario {name!r}" if name else "this traffic"
     largest = [0] * config.replicas  # blocks of the largest request each replica gets
     for req, (prompt_len, answer_len) in zip(
         traffic.requests, prompt_lengths(traffic, config.header), strict=True
     ):
-        replica = route(config, req.clock, req.user)
+        replica = _route(config, req.clock, req.user)
         largest[replica] = max(largest[replica], cdiv(prompt_len + answer_len, config.block_size))
     short = [r for r in range(config.replicas) if largest[r] and largest[r] + busy_blocks > shares[r]]
     if short:
         r = short[0]
         busy = f" plus {busy_blocks:,} busy blocks" if busy_blocks else ""
-        what = f"scenario {name!r}" if name else "this traffic"
         raise InvalidArgumentError(
             f"the engine model cannot run {what}: replica {r} has {shares[r]:,} blocks, but its largest "
             f"request needs {largest[r]:,}{busy}; give capacity_blocks of at least "
@@ -337,9 +419,9 @@ def _run_engine(
     turns_seen: dict[int, int] = {}
     prefill = occupancy = 0
     for req, (prompt, answer) in zip(
-        traffic.requests, prompts_and_answers(traffic, config.header), strict=True
+        traffic.requests, _prompts_and_answers(traffic, config.header), strict=True
     ):
-        replica = route(config, req.clock, req.user)
+        replica = _route(config, req.clock, req.user)
         pool, running = pools[replica], in_flight[replica]
         assert pool is not None  # _check_engine_fits: a replica that gets requests has blocks
         while len(running) >= concurrent:
@@ -387,7 +469,7 @@ def _no_cache_result(
     ):
         turn = turns_seen.get(req.user, 0)
         turns_seen[req.user] = turn + 1
-        _append_row(columns, req.user, turn, route(config, req.clock, req.user), prompt_len, 0, 0, 0, 0)
+        _append_row(columns, req.user, turn, _route(config, req.clock, req.user), prompt_len, 0, 0, 0, 0)
     total = sum(columns["prompt_tokens"])
     trace = FleetTrace(**{k: tuple(v) for k, v in columns.items()})
     return FleetResult(name, config, total, total, trace, **load)

@@ -30,7 +30,15 @@ from functools import cache, cached_property
 
 import numpy as np
 
-from kvlab.errors import check_int
+from kvlab.errors import (
+    LIMITS,
+    MAX_TOKEN_ID,
+    InvalidArgumentError,
+    brief,
+    check_choice,
+    check_int,
+    check_size,
+)
 
 VOCAB = 50_000
 MESSAGE_TOKENS = (20, 200)  # inclusive range of a user message's length
@@ -39,8 +47,49 @@ TOKEN_BYTES = 4  # chains read tokens as native 32-bit ints: a fixed width, so e
 
 
 def encode_tokens(tokens: Sequence[int]) -> bytes:
-    """Tokens as the bytes chains read: ``TOKEN_BYTES`` per token, native order."""
-    return array("i", tokens).tobytes()
+    """Tokens (ids 0..MAX_TOKEN_ID) as the bytes chains read: ``TOKEN_BYTES`` per token, native order."""
+    try:
+        data = array("i", tokens)
+    except (TypeError, OverflowError, ValueError):
+        raise InvalidArgumentError(
+            f"tokens must be a list of integer token ids 0..{MAX_TOKEN_ID}, got {brief(tokens)}"
+        ) from None
+    if data and min(data) < 0:
+        raise InvalidArgumentError(f"tokens must be token ids 0..{MAX_TOKEN_ID}, got {min(data)}")
+    return data.tobytes()
+
+
+HEADER_TOKENS = 2  # the timestamp's two tokens (``timestamp_tokens``)
+
+
+def max_traffic_tokens(users: int, turns: int, system_tokens: int) -> int:
+    """An upper bound on the tokens a traffic sends through a cache: every prompt plus every answer.
+
+    Turn t of a user sends at most ``system + t * (2 + 200 + 400) + 2 + 200`` prompt tokens (the
+    longest messages and answers, a timestamp per message) and gets at most 400 back, so a user's
+    ``turns`` turns total ``turns * (system + 602) + 602 * turns * (turns - 1) / 2``. Computed from
+    the sizes alone, before anything is drawn.
+    """
+    per_turn = HEADER_TOKENS + MESSAGE_TOKENS[1] + ANSWER_TOKENS[1]
+    return users * (turns * (system_tokens + per_turn) + per_turn * turns * (turns - 1) // 2)
+
+
+def check_traffic_size(users: object, turns: object, system_tokens: object) -> tuple[int, int, int]:
+    """Bound a traffic's sizes: ``LIMITS.users``, ``LIMITS.turns``, ``LIMITS.tokens`` for the system
+    prompt, and ``max_traffic_tokens`` at most ``LIMITS.total_tokens`` (134M tokens: a few seconds
+    of the lesson's store, about half a minute of the engine model), refused before any draw.
+    """
+    users = check_size("users", users, "users", minimum=1)
+    turns = check_size("turns", turns, "turns", minimum=1)
+    system_tokens = check_size("system_tokens", system_tokens, "tokens")
+    work = max_traffic_tokens(users, turns, system_tokens)
+    if work > LIMITS.total_tokens:
+        raise InvalidArgumentError(
+            f"{users:,} users x {turns:,} turns with a {system_tokens:,}-token system prompt may send up to "
+            f"{work:,} tokens, more than {LIMITS.total_tokens:,} (kvlab's limit LIMITS.total_tokens); "
+            "use fewer users, turns or system tokens, or kvlab.errors.raised_limits(total_tokens=...)"
+        )
+    return users, turns, system_tokens
 
 
 @dataclass(frozen=True)
@@ -92,12 +141,11 @@ def chat_traffic(users: int = 200, turns: int = 6, seed: int = 1, system_tokens:
     in [50, 400] and the answer. They are taken in bulk from numpy's Mersenne
     Twister started in Python's exact state, which gives the very same numbers
     (CPython's ``randrange`` takes one 32-bit word per try); a self-check falls
-    back to plain ``random.Random`` calls should that ever differ.
+    back to plain ``random.Random`` calls should that ever differ. The sizes are bounded by
+    ``check_traffic_size`` before anything is drawn; ``seed`` is a 64-bit integer.
     """
-    check_int("users", users, minimum=1)
-    check_int("turns", turns, minimum=1)
-    check_int("seed", seed)
-    check_int("system_tokens", system_tokens, minimum=0)
+    users, turns, system_tokens = check_traffic_size(users, turns, system_tokens)
+    seed = check_seed(seed)
     draw = _draw_traffic_fast if _fast_draws_match() else _draw_traffic_reference
     return draw(users, turns, seed, system_tokens)
 
@@ -189,13 +237,36 @@ def _fast_draws_match() -> bool:
     return _draw_traffic_fast(*args) == _draw_traffic_reference(*args)
 
 
+def check_seed(seed: object) -> int:
+    """A traffic seed: an int that fits 64 bits signed (``random.Random`` takes any, the lesson uses 1)."""
+    return check_int("seed", seed, minimum=-(2**63), maximum=2**63 - 1)
+
+
 def timestamp_tokens(clock: int) -> tuple[int, int]:
-    """The lesson's volatile header: two tokens that change at every request, like a clock."""
+    """The lesson's volatile header: two tokens that change at every request, like a clock.
+
+    ``clock`` is a request's arrival position, 0..MAX_TOKEN_ID (both tokens are then token ids).
+    """
+    clock = check_int("clock", clock, minimum=0, maximum=MAX_TOKEN_ID)
     return (clock % 997, clock // 997)
+
+
+HEADERS = ("none", "start", "before-message")  # the same as kvlab.fleet.config.HEADERS
+
+
+def _check_traffic(traffic: object, header: object) -> str:
+    if not isinstance(traffic, ChatTraffic):
+        raise InvalidArgumentError(f"traffic must come from chat_traffic(), got {type(traffic).__name__}")
+    return check_choice("header", header, HEADERS)
 
 
 def prompts_and_answers(traffic: ChatTraffic, header: str) -> Iterator[tuple[list[int], list[int]]]:
     """The token lists themselves, request by request, with the timestamp where ``header`` puts it."""
+    header = _check_traffic(traffic, header)
+    return _prompts_and_answers(traffic, header)
+
+
+def _prompts_and_answers(traffic: ChatTraffic, header: str) -> Iterator[tuple[list[int], list[int]]]:
     histories: dict[int, list[int]] = {}
     for req in traffic.requests:
         history = histories.setdefault(req.user, [])
@@ -214,6 +285,7 @@ def prompts_and_answers(traffic: ChatTraffic, header: str) -> Iterator[tuple[lis
 
 def prompt_lengths(traffic: ChatTraffic, header: str) -> list[tuple[int, int]]:
     """(prompt tokens, answer tokens) of each request, without building the prompts."""
+    header = _check_traffic(traffic, header)
     history: dict[int, int] = {}
     stamp = 2 if header != "none" else 0
     out = []

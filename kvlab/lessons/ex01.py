@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvlab.core.snapshots import ContiguousState, History
-from kvlab.errors import InvalidArgumentError, check_int
+from kvlab.errors import InvalidArgumentError, check_int, check_size
 from kvlab.models.contiguous import ContiguousPool
 
 
@@ -57,7 +57,7 @@ class Example1:
 def reserve_max(lengths: Sequence[int], *, pool_size: int = 8192, max_len: int = 2048) -> ReserveMaxResult:
     """Reserve ``max_len`` slots for each request (real lengths ``lengths``), in order, first fit."""
     lengths = _check_lengths("lengths", lengths)
-    check_int("max_len", max_len, minimum=1)
+    max_len = check_size("max_len", max_len, "tokens", minimum=1)
     for i, n in enumerate(lengths):
         if n > max_len:
             raise InvalidArgumentError(f"lengths[{i}] = {n} exceeds max_len = {max_len}: raise max_len")
@@ -114,7 +114,11 @@ def example_1() -> Example1:
 def _check_lengths(name: str, values: Sequence[int]) -> list[int]:
     if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
         raise InvalidArgumentError(f"{name} must be a list of positive integers, got {type(values).__name__}")
-    out = list(values)
-    for i, v in enumerate(out):
-        check_int(f"{name}[{i}]", v, minimum=1)
-    return out
+    from kvlab.models.utilization import (
+        _check_lengths as check_lengths,  # LIMITS.count lengths of LIMITS.tokens
+    )
+
+    try:
+        return check_lengths(values)
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(str(exc).replace("lengths", name)) from None

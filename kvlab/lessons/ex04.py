@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvlab.core.snapshots import BlockPoolState, History
-from kvlab.errors import cdiv, check_int
+from kvlab.errors import cdiv, check_size
 from kvlab.models.paged import AppendResult, BlockPool
 
 
@@ -29,10 +29,15 @@ class Example4:
 
 
 def parallel_sampling(prompt_len: int = 40, n: int = 3, *, block_size: int = 16) -> Example4:
-    """Fork a prompt into ``n`` samples and let each write its first generated token (copy-on-write)."""
-    check_int("prompt_len", prompt_len, minimum=1)
-    check_int("n", n, minimum=1)
-    check_int("block_size", block_size, minimum=1)
+    """Fork a prompt into ``n`` samples and let each write its first generated token (copy-on-write).
+
+    ``prompt_len`` is at most ``LIMITS.tokens``, ``n`` at most ``LIMITS.slots`` (parallel samples of
+    one request), ``block_size`` at most ``LIMITS.block_size``; the pool they need is bounded by
+    ``LIMITS.num_blocks`` as every ``BlockPool`` is.
+    """
+    prompt_len = check_size("prompt_len", prompt_len, "tokens", minimum=1)
+    n = check_size("n", n, "slots", minimum=1)
+    block_size = check_size("block_size", block_size, "block_size", minimum=1)
     prompt_blocks = cdiv(prompt_len, block_size)
     pool = BlockPool(n * (prompt_blocks + 1), block_size, record=True)
     names = [f"sample {s}" for s in range(n)]

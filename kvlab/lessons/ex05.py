@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvlab.core.snapshots import BlockPoolState, History
-from kvlab.errors import InvalidArgumentError, cdiv, check_int, check_tokens
+from kvlab.errors import MAX_TOKEN_ID, InvalidArgumentError, cdiv, check_int, check_size, check_tokens
 from kvlab.models.paged import AllocationResult, BlockPool
 
 SYSTEM_PROMPT_START = 1000  # the system prompt's token ids are 1000, 1001, ...
@@ -29,10 +29,16 @@ class Example5:
 
 
 def system_prompt_request(system_len: int, question_len: int, question_start: int) -> list[int]:
-    """Token ids of a request: system prompt 1000, 1001, ... then question ``question_start``, ..."""
-    check_int("system_len", system_len, minimum=0)
-    check_int("question_len", question_len, minimum=0)
-    check_int("question_start", question_start, minimum=0)
+    """Token ids of a request: system prompt 1000, 1001, ... then question ``question_start``, ...
+
+    Lengths are at most ``LIMITS.tokens``; every id stays in 0..MAX_TOKEN_ID.
+    """
+    system_len = check_size("system_len", system_len, "tokens")
+    question_len = check_size("question_len", question_len, "tokens")
+    question_start = check_int(
+        "question_start", question_start, minimum=0, maximum=MAX_TOKEN_ID + 1 - question_len
+    )
+    assert SYSTEM_PROMPT_START + system_len <= MAX_TOKEN_ID  # LIMITS.tokens is far below 2**31
     system = list(range(SYSTEM_PROMPT_START, SYSTEM_PROMPT_START + system_len))
     return system + list(range(question_start, question_start + question_len))
 
@@ -44,7 +50,7 @@ def shared_prefix(prompts: Sequence[Sequence[int]], *, block_size: int = 16) -> 
     prompts = [check_tokens(f"prompts[{i}]", p) for i, p in enumerate(prompts)]
     if not prompts:
         raise InvalidArgumentError("prompts is empty: give at least one prompt")
-    check_int("block_size", block_size, minimum=1)
+    block_size = check_size("block_size", block_size, "block_size", minimum=1)
     without_sharing = sum(cdiv(len(p), block_size) for p in prompts)
     pool = BlockPool(without_sharing, block_size, share_prefixes=True, record=True)
     results = tuple(pool.allocate(f"request {i + 1}", p) for i, p in enumerate(prompts))

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvlab.core.chat_format import Tokenizer
-from kvlab.errors import InvalidArgumentError
+from kvlab.errors import LIMITS, InvalidArgumentError, check_size
 from kvlab.server.conversation import ChatTurn, TurnCounters, predicted_cache_n, replay_chat, tokens_processed
 from kvlab.server.slots import SlotServer
 
@@ -50,6 +50,7 @@ EXAMPLE_MESSAGES = (
 
 def clock_at_ten(turn: int) -> str:
     """The lesson's clock line: "Time: 10:00:00. ", one minute later each turn."""
+    turn = check_size("turn", turn, "turns")
     return f"Time: 10:{turn:02d}:00. "
 
 
@@ -59,8 +60,7 @@ def arithmetic_report(
     max_tokens: int = LESSON_MAX_TOKENS,
 ) -> list[str]:
     """The lesson's check of recorded counters against the rule, one line per turn plus the totals."""
-    if not append_only or not clock:
-        raise InvalidArgumentError("give at least one turn for each run")
+    append_only, clock = _counters("append_only", append_only), _counters("clock", clock)
     sizes = [t.prompt_tokens for t in append_only]
     predicted = predicted_cache_n(sizes, max_tokens)
     lines = []
@@ -75,6 +75,21 @@ def arithmetic_report(
         f"timestamp in system prompt {tokens_processed(clock)}"
     )
     return lines
+
+
+def _counters(name: str, turns: object) -> list[TurnCounters]:
+    """A run's recorded counters: a non-empty list of TurnCounters (at most LIMITS.turns)."""
+    if isinstance(turns, (str, bytes)) or not isinstance(turns, Sequence):
+        raise InvalidArgumentError(f"{name} must be a list of TurnCounters, got {type(turns).__name__}")
+    items = list(turns[: LIMITS.turns + 1])
+    if not items:
+        raise InvalidArgumentError("give at least one turn for each run")
+    if len(items) > LIMITS.turns:
+        raise InvalidArgumentError(f"{name} has more than {LIMITS.turns:,} turns (LIMITS.turns)")
+    for i, t in enumerate(items):
+        if not isinstance(t, TurnCounters):
+            raise InvalidArgumentError(f"{name}[{i}] must be a TurnCounters, got {type(t).__name__}")
+    return items
 
 
 @dataclass(frozen=True)
@@ -116,6 +131,7 @@ def example_10(max_tokens: int = LESSON_MAX_TOKENS) -> Example10:
     The clock run starts on the slot the append-only run left behind, so its
     first turn matches only ``<|im_start|>system\\n`` (3 tokens), as in the lesson.
     """
+    max_tokens = check_size("max_tokens", max_tokens, "tokens", minimum=1)
     server = SlotServer(1, cache_ram_mib=0)
     tok = Tokenizer()
     plain = replay_chat(

@@ -9,7 +9,7 @@ it. kvlab's save and restore are ``kvlab.server.slot_files.save_slot`` and
 
 from __future__ import annotations
 
-from kvlab.errors import check_int
+from kvlab.errors import LIMITS, check_int, check_size
 from kvlab.server.slot_files import CELL_META_BYTES, LLAMA_8B, TINY_MODEL, TOKEN_ID_BYTES, offload_estimate
 
 LESSON_PREFIX_TOKENS = 748
@@ -18,8 +18,8 @@ LESSON_BYTES_WRITTEN = 778_060  # recorded by llama-server's save (its own heade
 
 def arithmetic_report(n_tokens: int = LESSON_PREFIX_TOKENS, written: int = LESSON_BYTES_WRITTEN) -> list[str]:
     """The lesson's four lines: the tiny model's per-token bytes, and the 8B model's file and times."""
-    check_int("n_tokens", n_tokens, minimum=0)
-    check_int("written", written, minimum=0)
+    n_tokens = check_size("n_tokens", n_tokens, "tokens")
+    written = check_int("written", written, minimum=0, maximum=LIMITS.mib << 20)  # bytes of one file
     t = TINY_MODEL
     est = offload_estimate(n_tokens, LLAMA_8B.kv_bytes_per_token)
     return [

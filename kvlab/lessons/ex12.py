@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvlab.errors import check_int
+from kvlab.errors import check_size
 from kvlab.server.swa import SwaConfig, SwaRequestRecord, SwaSlot
 
 LESSON_PROMPT = 1841
@@ -60,7 +60,7 @@ def example_12(follow_up_tokens: int = 12) -> Example12:
     Request 1 is 1,841 tokens, request 2 shares its first 350 and adds 4. The
     first request samples one token, so the slot holds exactly its prompt.
     """
-    check_int("follow_up_tokens", follow_up_tokens, minimum=1)
+    follow_up_tokens = check_size("follow_up_tokens", follow_up_tokens, "tokens", minimum=1)
     long_prompt = list(range(10_000, 10_000 + LESSON_PROMPT))
     short_prompt = long_prompt[:LESSON_SHARED] + list(range(50_000, 50_000 + LESSON_SHORT - LESSON_SHARED))
     out: dict[str, tuple[SwaRequestRecord, SwaRequestRecord]] = {}

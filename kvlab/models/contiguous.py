@@ -27,16 +27,15 @@ from kvlab.errors import (
     DuplicateRequestError,
     InvalidArgumentError,
     UnknownRequestError,
-    brief,
     check_bool,
+    check_id,
     check_int,
+    check_size,
 )
 
 
 def _check_request_id(request_id: object) -> str:
-    if not isinstance(request_id, str) or not request_id:
-        raise InvalidArgumentError(f"request_id must be a non-empty string, got {brief(request_id)}")
-    return request_id
+    return check_id("request_id", request_id)
 
 
 class ContiguousPool:
@@ -44,11 +43,12 @@ class ContiguousPool:
 
     With ``record=True`` the pool keeps a ``History`` of ``ContiguousState``:
     step 0 is the empty pool, and each reserve (placed or refused) or release
-    adds one step.
+    adds one step. ``pool_size`` and every ``size`` are at most ``LIMITS.tokens`` slots (a pool
+    larger than any context window gains a lesson nothing and only costs time).
     """
 
     def __init__(self, pool_size: int, *, record: bool = False) -> None:
-        self.pool_size = check_int("pool_size", pool_size, minimum=1)
+        self.pool_size = check_size("pool_size", pool_size, "tokens", minimum=1)
         check_bool("record", record)
         self._regions: list[Region] = []  # sorted by start
         self._rejected: list[str] = []
@@ -68,7 +68,7 @@ class ContiguousPool:
         return tuple(self._rejected)
 
     def region(self, request_id: str) -> Region:
-        _check_request_id(request_id)
+        request_id = _check_request_id(request_id)
         for r in self._regions:
             if r.owner == request_id:
                 return r
@@ -117,7 +117,7 @@ class ContiguousPool:
 
     def find_gap(self, size: int) -> int | None:
         """Start of the lowest gap that holds ``size`` slots (first fit), or None."""
-        check_int("size", size, minimum=1)
+        size = check_size("size", size, "tokens", minimum=1)
         return self._first_fit(size)
 
     # ------------------------------------------------------------------ operations
@@ -129,8 +129,8 @@ class ContiguousPool:
         the new Region, or None when no gap is large enough; a refusal changes
         nothing but the ``rejected`` list.
         """
-        _check_request_id(request_id)
-        check_int("size", size, minimum=1)
+        request_id = _check_request_id(request_id)
+        size = check_size("size", size, "tokens", minimum=1)
         used = size if used is None else check_int("used", used, minimum=0)
         if used > size:
             raise InvalidArgumentError(

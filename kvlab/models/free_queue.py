@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
+from kvlab.errors import InvalidArgumentError, brief, check_int
+
 
 class Block:
     """One physical block's metadata; ``prev_free``/``next_free`` link it into the free queue."""
@@ -34,7 +36,7 @@ class Block:
     )
 
     def __init__(self, block_id: int) -> None:
-        self.block_id = block_id
+        self.block_id = check_int("block_id", block_id, minimum=-1)  # -1: the queue's sentinels
         self.ref_count = 0
         self.block_hash: bytes | None = None
         self.tokens: list[int] = []
@@ -56,6 +58,8 @@ class FreeBlockQueue:
     """
 
     def __init__(self, blocks: Sequence[Block]) -> None:
+        if isinstance(blocks, (str, bytes)) or not hasattr(blocks, "__len__"):
+            raise InvalidArgumentError(f"blocks must be a list of Block, got {type(blocks).__name__}")
         self._head = Block(-1)  # sentinels: the real blocks always have both neighbours
         self._tail = Block(-1)
         self._head.next_free = self._tail
@@ -74,10 +78,11 @@ class FreeBlockQueue:
             node = node.next_free
 
     def __contains__(self, block: Block) -> bool:
-        return block.prev_free is not None
+        return isinstance(block, Block) and block.prev_free is not None
 
     def popleft_n(self, n: int) -> list[Block]:
-        """Take ``n`` blocks from the front (the caller checked there are enough)."""
+        """Take ``n`` blocks from the front; more than the queue holds is refused, taking none."""
+        n = check_int("n", n, minimum=0, maximum=self._len)
         out: list[Block] = []
         node = self._head.next_free
         for _ in range(n):
@@ -93,9 +98,10 @@ class FreeBlockQueue:
         return out
 
     def remove(self, block: Block) -> None:
-        """Unlink ``block`` from wherever it is in the queue."""
+        """Unlink ``block`` from wherever it is in the queue; a block not in the queue is refused."""
+        if not isinstance(block, Block) or block.prev_free is None or block.next_free is None:
+            raise InvalidArgumentError(f"{brief(block)} is not a block in the free queue")
         prev, nxt = block.prev_free, block.next_free
-        assert prev is not None and nxt is not None, f"block {block.block_id} is not in the free queue"
         prev.next_free = nxt
         nxt.prev_free = prev
         block.prev_free = block.next_free = None
@@ -110,6 +116,17 @@ class FreeBlockQueue:
         self._link_after(self._head, blocks)
 
     def _link_after(self, anchor: Block | None, blocks: Sequence[Block]) -> None:
+        """Link ``blocks`` after ``anchor``; blocks that are not ``Block``s, or are queued already, are refused."""
+        if isinstance(blocks, (str, bytes)) or not hasattr(blocks, "__iter__"):
+            raise InvalidArgumentError(f"blocks must be a list of Block, got {type(blocks).__name__}")
+        blocks = list(blocks)
+        ids = set()
+        for b in blocks:
+            if not isinstance(b, Block) or b.prev_free is not None or b.block_id < 0 or id(b) in ids:
+                raise InvalidArgumentError(
+                    f"{brief(b)} is not a block outside the free queue; nothing was linked"
+                )
+            ids.add(id(b))
         assert anchor is not None
         after = anchor.next_free
         assert after is not None

@@ -46,20 +46,25 @@ copy-on-write are one mechanism, and each rule reads the others' state.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import islice
 
-from kvlab.core.hashing import SCHEMES, hash_block, none_hash, short
+from kvlab.core.hashing import SCHEMES, _hash_block, none_hash, short
 from kvlab.core.snapshots import BlockPoolState, BlockState, Event, History
 from kvlab.errors import (
     DuplicateRequestError,
     InvalidArgumentError,
     OutOfBlocksError,
     UnknownRequestError,
+    brief,
     cdiv,
     check_bool,
+    check_choice,
+    check_id,
     check_int,
+    check_size,
     check_tokens,
 )
 
@@ -139,6 +144,10 @@ class BlockPool:
     a ``History`` of ``BlockPoolState``: step 0 is the initial pool and each
     successful operation adds one step, with a ``paged.<op>`` ``Event``
     (captions: ``kvlab.views.text.block_pool``). A call that raises changes nothing.
+
+    Bounds (``kvlab.errors.LIMITS``): ``num_blocks`` at most ``LIMITS.num_blocks`` and
+    ``block_size`` at most ``LIMITS.block_size`` (the pool's lists are built at once), and one
+    ``allocate``/``append`` brings at most ``LIMITS.tokens`` tokens, ids or a count.
     """
 
     def __init__(
@@ -152,16 +161,13 @@ class BlockPool:
         hash_scheme: str = "lesson",
         record: bool = False,
     ) -> None:
-        check_int("num_blocks", num_blocks, minimum=1)
-        check_int("block_size", block_size, minimum=1)
-        order = list(range(num_blocks)) if free_order is None else _check_free_order(free_order, num_blocks)
+        num_blocks = check_size("num_blocks", num_blocks, "num_blocks", minimum=1)
+        block_size = check_size("block_size", block_size, "block_size", minimum=1)
         check_bool("share_prefixes", share_prefixes)
         check_bool("recompute_last_token", recompute_last_token)
         check_bool("record", record)
-        if hash_scheme not in SCHEMES:
-            raise InvalidArgumentError(
-                f"unknown hash_scheme {hash_scheme!r}: use one of {', '.join(SCHEMES)}"
-            )
+        hash_scheme = check_choice("hash_scheme", hash_scheme, SCHEMES)
+        order = list(range(num_blocks)) if free_order is None else _check_free_order(free_order, num_blocks)
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.share_prefixes = share_prefixes
@@ -263,7 +269,7 @@ class BlockPool:
         With ``share_prefixes`` the leading full blocks already in the pool are
         reused (ref count up) instead of taken from the free list.
         """
-        self._check_new_id(request_id)
+        request_id = self._check_new_id(request_id)
         toks, known = self._check_new_tokens(tokens)
         hits, chain = self._find_prefix(toks) if known else ([], None)
         need = self.blocks_needed(len(toks)) - len(hits)
@@ -327,7 +333,8 @@ class BlockPool:
     def fork(self, parent: str, child: str) -> tuple[int, ...]:
         """Start ``child`` as a copy of ``parent`` that shares all its blocks; return the child's table."""
         table = self._table(parent)
-        self._check_new_id(child, name="child")
+        parent = str.__str__(parent)
+        child = self._check_new_id(child, name="child")
         for b in table:
             self._ref[b] += 1
         self._tables[child] = list(table)
@@ -390,10 +397,12 @@ class BlockPool:
     # ------------------------------------------------------------------ internals
 
     def _table(self, request_id: str) -> list[int]:
-        if not isinstance(request_id, str):
-            raise InvalidArgumentError(
-                f"sequence id must be a string, got {request_id!r} ({type(request_id).__name__})"
-            )
+        if type(request_id) is not str:
+            if not isinstance(request_id, str):
+                raise InvalidArgumentError(
+                    f"sequence id must be a string, got {brief(request_id)} ({type(request_id).__name__})"
+                )
+            request_id = str.__str__(request_id)
         table = self._tables.get(request_id)
         if table is None:
             if request_id in self._finished:
@@ -404,24 +413,29 @@ class BlockPool:
             raise UnknownRequestError(f"unknown sequence {request_id!r}; live sequences: {held}")
         return table
 
-    def _check_new_id(self, request_id: object, name: str = "request_id") -> None:
-        if not isinstance(request_id, str) or not request_id:
-            raise InvalidArgumentError(f"{name} must be a non-empty string, got {request_id!r}")
+    def _check_new_id(self, request_id: object, name: str = "request_id") -> str:
+        request_id = check_id(name, request_id)
         if request_id in self._tables:
             raise DuplicateRequestError(
                 f"sequence {request_id!r} already exists; free it first or pick a new id"
             )
+        return request_id
 
     def _check_new_tokens(self, tokens: object) -> tuple[list[int], bool]:
         """Token ids (or UNKNOWN_TOKEN placeholders for a count) and whether the ids are known."""
-        if isinstance(tokens, int) and not isinstance(tokens, bool):
-            check_int("tokens", tokens, minimum=1)
-            return [UNKNOWN_TOKEN] * tokens, False
+        if isinstance(tokens, (bool, float)):  # never a count: pass an int
+            raise InvalidArgumentError(
+                f"tokens must be a token count or a list of token ids, got {brief(tokens)} "
+                f"({type(tokens).__name__}); pass an int count"
+            )
+        if isinstance(tokens, int) or type(tokens).__module__ == "numpy" and not hasattr(tokens, "__len__"):
+            count = check_size("tokens", tokens, "tokens", minimum=1)
+            return [UNKNOWN_TOKEN] * count, False
         if not hasattr(tokens, "__iter__") or isinstance(tokens, (str, bytes)):
             raise InvalidArgumentError(
-                f"tokens must be a token count or a list of token ids, got {type(tokens).__name__}"
+                f"tokens must be a token count or a list of token ids, got {brief(tokens)} ({type(tokens).__name__})"
             )
-        return check_tokens("tokens", tokens, in_range=True), True
+        return check_tokens("tokens", tokens), True
 
     def _check_room(self, need: int, what: str) -> None:
         if need > len(self._free):
@@ -444,7 +458,7 @@ class BlockPool:
         chain: list[bytes] = []
         parent = none_hash(self.hash_scheme)
         for start in range(0, len(toks) - bs + 1, bs):
-            parent = hash_block(parent, toks[start : start + bs], first=start == 0, scheme=self.hash_scheme)
+            parent = _hash_block(parent, toks[start : start + bs], None, start == 0, self.hash_scheme)
             b = self._block_by_hash.get(parent)
             if b is None:
                 break
@@ -490,7 +504,7 @@ class BlockPool:
             self._chain[request_id] = None
             return
         parent = chain[-1] if chain else none_hash(self.hash_scheme)
-        h = hash_block(parent, content, first=logical == 0, scheme=self.hash_scheme)
+        h = _hash_block(parent, content, None, logical == 0, self.hash_scheme)
         chain.append(h)
         if h not in self._block_by_hash and self._hash_of[block] is None:
             self._block_by_hash[h] = block
@@ -504,12 +518,18 @@ class BlockPool:
 def _check_free_order(free_order: object, num_blocks: int) -> list[int]:
     if isinstance(free_order, (str, bytes)) or not hasattr(free_order, "__iter__"):
         raise InvalidArgumentError(f"free_order must be a list of block ids, got {type(free_order).__name__}")
-    order = list(free_order)  # type: ignore[call-overload]
+    try:  # read at most one id too many: an endless iterator is refused, not drained
+        order = list(islice(free_order, num_blocks + 1))  # type: ignore[call-overload]
+    except Exception:
+        raise InvalidArgumentError(
+            f"free_order must be a list of block ids, got {brief(free_order)}"
+        ) from None
     for i, b in enumerate(order):
-        check_int(f"free_order[{i}]", b, minimum=0)
+        order[i] = check_int(f"free_order[{i}]", b, minimum=0)
     if sorted(order) != list(range(num_blocks)):
-        missing = sorted(set(range(num_blocks)) - set(order))
-        extra = sorted({b for b in order if b >= num_blocks or order.count(b) > 1})
+        seen = Counter(order)
+        missing = [b for b in range(num_blocks) if b not in seen][:20]
+        extra = sorted(b for b, n in seen.items() if b >= num_blocks or n > 1)[:20]
         raise InvalidArgumentError(
             f"free_order must list every block id 0..{num_blocks - 1} exactly once; "
             f"missing {missing}, out of range or repeated {extra}"

@@ -76,14 +76,20 @@ from dataclasses import dataclass
 from kvlab.core import hashing
 from kvlab.core.snapshots import BlockPoolState, BlockState, Event, History
 from kvlab.errors import (
+    LIMITS,
     MAX_TOKEN_ID,
     DuplicateRequestError,
     InvalidArgumentError,
     OutOfBlocksError,
     UnknownRequestError,
+    brief,
     cdiv,
     check_bool,
+    check_choice,
+    check_id,
     check_int,
+    check_optional_str,
+    check_size,
     check_tokens,
 )
 from kvlab.models.free_queue import Block, FreeBlockQueue
@@ -129,6 +135,10 @@ class PrefixCache:
     ("lesson" or "vllm"); the cache's behaviour does not depend on it.
     ``record=True`` keeps a ``History`` with one step per successful call,
     probes included; a call that raises records nothing, like it changes nothing.
+
+    Bounds (``kvlab.errors.LIMITS``): ``num_blocks`` at most ``LIMITS.num_blocks`` and
+    ``block_size`` at most ``LIMITS.block_size`` (every block is built at once), and one call
+    brings at most ``LIMITS.tokens`` token ids, each in 0..MAX_TOKEN_ID.
     """
 
     free_queue_class: type[FreeBlockQueue] = FreeBlockQueue  # benchmarks swap in a list-based queue
@@ -142,14 +152,11 @@ class PrefixCache:
         hash_scheme: str = "lesson",
         record: bool = False,
     ) -> None:
-        check_int("block_size", block_size, minimum=1)
-        check_int("num_blocks", num_blocks, minimum=1)
+        block_size = check_size("block_size", block_size, "block_size", minimum=1)
+        num_blocks = check_size("num_blocks", num_blocks, "num_blocks", minimum=1)
         check_bool("null_block", null_block)
         check_bool("record", record)
-        if hash_scheme not in hashing.SCHEMES:
-            raise InvalidArgumentError(
-                f"unknown hash scheme {hash_scheme!r}: use one of {', '.join(hashing.SCHEMES)}"
-            )
+        hash_scheme = check_choice("hash_scheme", hash_scheme, hashing.SCHEMES, what="hash scheme")
         self.block_size = block_size
         self.hash_scheme = hash_scheme
         self._none_hash = hashing.none_hash(hash_scheme)
@@ -238,7 +245,7 @@ class PrefixCache:
         Raises OutOfBlocksError, having changed nothing, when the free queue
         cannot supply the new blocks plus the free blocks the hit takes out of it.
         """
-        self._check_new_id(request_id)
+        request_id = self._check_new_id(request_id)
         toks = _check_token_ids("tokens", tokens)
         salt = _check_salt(cache_salt)
         hashes = self._hash_prompt(toks, salt)
@@ -271,6 +278,7 @@ class PrefixCache:
         supply the blocks the new tokens need.
         """
         req = self._request(request_id)
+        request_id = str.__str__(request_id)
         toks = _check_token_ids("tokens", tokens)
         bs = self.block_size
         total = len(req.tokens) + len(toks)
@@ -290,12 +298,8 @@ class PrefixCache:
             block.tokens.extend(req.tokens[lo : (i + 1) * bs])
         parent = req.hashes[-1] if req.hashes else self._none_hash
         for i in range(len(req.hashes), total // bs):
-            parent = hashing.hash_block(
-                parent,
-                req.tokens[i * bs : (i + 1) * bs],
-                salt=req.salt,
-                first=i == 0,
-                scheme=self.hash_scheme,
+            parent = hashing._hash_block(
+                parent, req.tokens[i * bs : (i + 1) * bs], req.salt, i == 0, self.hash_scheme
             )
             req.hashes.append(parent)
         self._cache_blocks(req, start // bs)
@@ -307,6 +311,7 @@ class PrefixCache:
     def free(self, request_id: str) -> FreeResult:
         """Finish a request: release its blocks in reverse table order (hashed to the back, others to the front)."""
         req = self._request(request_id)
+        request_id = str.__str__(request_id)
         del self._requests[request_id]
         ordered = req.table[::-1]
         for block in ordered:
@@ -366,9 +371,7 @@ class PrefixCache:
         parent = self._none_hash
         bs = self.block_size
         for i in range(len(toks) // bs):
-            parent = hashing.hash_block(
-                parent, toks[i * bs : (i + 1) * bs], salt=salt, first=i == 0, scheme=self.hash_scheme
-            )
+            parent = hashing._hash_block(parent, toks[i * bs : (i + 1) * bs], salt, i == 0, self.hash_scheme)
             out.append(parent)
         return out
 
@@ -470,8 +473,9 @@ class PrefixCache:
     def _request(self, request_id: object) -> _Request:
         if not isinstance(request_id, str):
             raise InvalidArgumentError(
-                f"request id must be a string, got {request_id!r} ({type(request_id).__name__})"
+                f"request id must be a string, got {brief(request_id)} ({type(request_id).__name__})"
             )
+        request_id = str.__str__(request_id)
         req = self._requests.get(request_id)
         if req is None:
             names = list(self._requests)
@@ -481,17 +485,16 @@ class PrefixCache:
             )
         return req
 
-    def _check_new_id(self, request_id: object) -> None:
-        if not isinstance(request_id, str) or not request_id:
-            raise InvalidArgumentError(f"request id must be a non-empty string, got {request_id!r}")
+    def _check_new_id(self, request_id: object) -> str:
+        request_id = check_id("request id", request_id)
         if request_id in self._requests:
             raise DuplicateRequestError(
                 f"request {request_id!r} already holds blocks; free it first or pick a new id"
             )
+        return request_id
 
     def _block(self, block_id: object) -> Block:
-        check_int("block_id", block_id, minimum=0)
-        assert isinstance(block_id, int)
+        block_id = check_int("block_id", block_id, minimum=0)
         if block_id >= len(self._blocks):
             raise InvalidArgumentError(
                 f"block_id {block_id} is out of range: the pool has {len(self._blocks)} blocks"
@@ -503,20 +506,20 @@ class PrefixCache:
 
 
 def _check_salt(salt: object) -> str | None:
-    if salt is None:
-        return None
-    if not isinstance(salt, str) or not salt:
-        # vLLM's API rejects an empty cache_salt, and treats a missing one as no salt.
-        raise InvalidArgumentError(f"cache_salt must be a non-empty string or None, got {salt!r}")
-    return salt
+    # vLLM's API rejects an empty cache_salt, and treats a missing one as no salt.
+    salt = check_optional_str("cache_salt", salt, allow_empty=False)
+    return None if salt is None else hashing.check_salt(salt)
 
 
 def _check_token_ids(name: str, tokens: object) -> list[int]:
-    if isinstance(tokens, (list, tuple)) and tokens and set(map(type, tokens)) == {int}:
-        toks = list(tokens)  # the common case, checked at C speed
-    else:
-        toks = check_tokens(name, tokens)  # numpy ints, or a precise error
-    if min(toks) < 0 or max(toks) > MAX_TOKEN_ID:
-        i, t = next((i, t) for i, t in enumerate(toks) if not 0 <= t <= MAX_TOKEN_ID)
-        raise InvalidArgumentError(f"{name}[{i}] = {t} is not a token id: use 0..{MAX_TOKEN_ID}")
-    return toks
+    if (
+        type(tokens) in (list, tuple)
+        and 0 < len(tokens) <= LIMITS.tokens  # type: ignore[arg-type]
+        and set(map(type, tokens)) == {int}  # type: ignore[call-overload]
+    ):
+        toks = list(tokens)  # type: ignore[call-overload]  # the common case, checked at C speed
+        if min(toks) < 0 or max(toks) > MAX_TOKEN_ID:
+            i, t = next((i, t) for i, t in enumerate(toks) if not 0 <= t <= MAX_TOKEN_ID)
+            raise InvalidArgumentError(f"{name}[{i}] = {brief(t)} is not a token id: use 0..{MAX_TOKEN_ID}")
+        return toks
+    return check_tokens(name, tokens)  # numpy ints, the limits, or a precise error

@@ -81,7 +81,15 @@ from dataclasses import dataclass
 from itertools import chain
 
 from kvlab.core.snapshots import Event, History, RadixNodeState, RadixState
-from kvlab.errors import InvalidArgumentError, brief, check_bool, check_int, check_tokens
+from kvlab.errors import (
+    LIMITS,
+    MAX_TOKEN_ID,
+    InvalidArgumentError,
+    brief,
+    check_bool,
+    check_size,
+    check_tokens,
+)
 
 __all__ = [
     "MatchResult",
@@ -155,6 +163,7 @@ class RadixNode:
         "creation_time",
         "alive",
         "tree",
+        "_state",
     )
 
     def __init__(
@@ -177,6 +186,7 @@ class RadixNode:
         self.last_access = 0
         self.creation_time = 0
         self.alive = True
+        self._state: RadixNodeState | None = None  # this subtree's snapshot, while nothing in it changed
 
     @property
     def is_root(self) -> bool:
@@ -214,10 +224,32 @@ class RadixTree:
     ``page_size`` is the number of tokens per KV page (1: token granularity).
     With ``record=True`` the tree keeps a ``History`` of ``RadixState``
     snapshots, step 0 the empty tree, then one step per operation.
+
+    Inputs are checked before anything changes, so a refused call leaves the
+    tree (and its clock) as it was:
+
+    * token ids are ``0..MAX_TOKEN_ID`` (2**31 - 1), kvlab's one range of ids;
+      a prompt has at most ``LIMITS.tokens`` ids (4,194,304, past any context
+      window) and the tree holds at most ``LIMITS.total_tokens`` (134M: an
+      insert is refused when the tokens held plus its length would pass it, a
+      bound a Python tree of that size already needs gigabytes for);
+    * ``page_size`` is at most ``LIMITS.block_size`` (65,536, far above SGLang's
+      page sizes of 1 to 64); ``evict``'s ``num_tokens`` at most
+      ``LIMITS.total_tokens``, all a tree can hold;
+    * ``extra_key`` is exactly a ``str`` or None (a ``str`` subclass could
+      compare or hash as it likes, and children are keyed by it);
+    * a handle is a ``RadixNode`` of this tree (exactly that type), still alive.
+
+    A tree is as deep as its prompts are long, far beyond Python's recursion
+    limit, so no walk here recurses. Each operation costs what SGLang's does
+    (a walk down one path, O(log n) per evicted leaf), recording included:
+    ``snapshot`` rebuilds only the nodes an operation touched (one path, each
+    with its tuple of children) and shares every other subtree with the
+    previous snapshot, never walking the whole tree.
     """
 
     def __init__(self, page_size: int = 1, record: bool = False) -> None:
-        self.page_size = check_int("page_size", page_size, minimum=1)
+        self.page_size = check_size("page_size", page_size, "block_size", minimum=1)
         check_bool("record", record)
         self.allocator = SlotAllocator()
         self._clock = 0
@@ -288,6 +320,13 @@ class RadixTree:
         that the prompt leaves part-way is split first.
         """
         tokens = self._check_key(tokens, extra_key)
+        bound = LIMITS.total_tokens
+        if self.total_tokens + len(tokens) > bound:  # counted before the walk, which already changes the tree
+            raise InvalidArgumentError(
+                f"insert of {len(tokens):,} tokens refused: the tree holds {self.total_tokens:,} and may hold "
+                f"at most {bound:,} (kvlab's limit LIMITS.total_tokens); evict first, or for a deliberately "
+                "larger run use kvlab.errors.raised_limits(total_tokens=...)"
+            )
         self._begin_op()
         present = self._insert_walk(tokens, extra_key)
         if self.history is not None:
@@ -302,6 +341,7 @@ class RadixTree:
         """
         self._check_handle(node, "lock")
         self._begin_op()
+        self._changed(node)
         handle = node
         delta = depth = 0
         while node.parent is not None:
@@ -337,6 +377,7 @@ class RadixTree:
                 f"cannot unlock {node!r}: it is not locked; unlock only what a lock call locked"
             )
         self._begin_op()
+        self._changed(node)
         handle = node
         delta = depth = 0
         while node.parent is not None:
@@ -368,7 +409,7 @@ class RadixTree:
         0.5.23 ``RadixCache.evict`` and ``_update_leaf_status``, checked
         against the real code).
         """
-        num_tokens = check_int("num_tokens", num_tokens, minimum=0)
+        num_tokens = check_size("num_tokens", num_tokens, "total_tokens")
         self._begin_op()
         freed = 0
         deferred: dict[RadixNode, None] = {}  # parents at lock_ref < 0 left childless by this call
@@ -406,7 +447,7 @@ class RadixTree:
     def snapshot(self) -> RadixState:
         """The whole tree as an immutable ``RadixState``, with what the last operation did."""
         return RadixState(
-            root=self._node_state(self.root),
+            root=self._root_state(),
             page_size=self.page_size,
             evictable_size=self._evictable_size,
             protected_size=self._protected_size,
@@ -418,19 +459,26 @@ class RadixTree:
     # ------------------------------------------------------------------ validation
 
     def _check_key(self, tokens: object, extra_key: object) -> tuple[int, ...]:
-        if type(tokens) in (list, tuple) and tokens and set(map(type, tokens)) == {int}:  # type: ignore[arg-type]
-            tokens = list(tokens)  # type: ignore[call-overload]  # the fast path: plain ints only
+        if (
+            type(tokens) in (list, tuple)
+            and 0 < len(tokens) <= LIMITS.tokens  # type: ignore[arg-type]
+            and set(map(type, tokens)) == {int}  # type: ignore[call-overload]
+            and min(tokens) >= 0  # type: ignore[call-overload]
+            and max(tokens) <= MAX_TOKEN_ID  # type: ignore[call-overload]
+        ):
+            tokens = list(tokens)  # type: ignore[call-overload]  # the fast path: plain ints in range only
         else:
-            tokens = check_tokens("tokens", tokens)
-        if extra_key is not None and not isinstance(extra_key, str):
+            tokens = check_tokens("tokens", tokens, in_range=True)  # says what is wrong
+        if extra_key is not None and type(extra_key) is not str:
             raise InvalidArgumentError(
-                f"extra_key must be a string (a namespace such as a LoRA id or salt) or None, got {brief(extra_key)}"
+                "extra_key must be a string (a namespace such as a LoRA id or salt) or None, "
+                f"got {brief(extra_key)} ({type(extra_key).__name__})"
             )
         aligned = len(tokens) // self.page_size * self.page_size
         return tuple(tokens[:aligned])
 
     def _check_handle(self, node: object, action: str) -> None:
-        if not isinstance(node, RadixNode):
+        if type(node) is not RadixNode:  # exactly: a subclass or a look-alike could lie about its tree
             raise InvalidArgumentError(
                 f"{action} takes a node returned by match(...).node, got {type(node).__name__}"
             )
@@ -466,9 +514,17 @@ class RadixTree:
         size = len(run)
         if tokens[start : start + size] == run:
             return size
-        limit = min(size, len(tokens) - start)
-        i = 0
-        while i < limit and run[i] == tokens[start + i]:
+        # bisect on slice comparisons (done in C) down to a short stretch, then step: O(limit), as the
+        # token-by-token loop SGLang runs, without a Python step per token of a long run
+        lo, hi = 0, min(size, len(tokens) - start)  # run[:lo] matches; the first mismatch is at hi or before
+        while hi - lo > 16:
+            mid = (lo + hi) // 2
+            if run[lo:mid] == tokens[start + lo : start + mid]:
+                lo = mid
+            else:
+                hi = mid
+        i = lo
+        while i < hi and run[i] == tokens[start + i]:
             i += 1
         return i - i % self.page_size
 
@@ -493,6 +549,7 @@ class RadixTree:
             values.append(child.value)
             node = child
             pos += common
+        self._changed(node)  # every node on the path got a new access time
         return MatchResult(pos, node, tuple(chain.from_iterable(values)))
 
     def _insert_walk(self, tokens: tuple[int, ...], extra_key: str | None) -> int:
@@ -501,6 +558,7 @@ class RadixTree:
         node.last_access = now
         pos, end = 0, len(tokens)
         if end == 0:
+            self._changed(node)
             return 0
         child_key = self._child_key(tokens, 0, extra_key)
         while pos < end and child_key in node.children:
@@ -518,12 +576,14 @@ class RadixTree:
             node.children[child_key] = leaf
             self._evictable_size += end - pos
             self._push(leaf)
+        self._changed(node)  # the path's access times, and maybe a new child
         return pos
 
     def _split(self, child: RadixNode, at: int) -> RadixNode:
         """Cut ``child``'s run at ``at``: a new upper node takes the head, ``child`` keeps the tail."""
         parent = child.parent
         assert parent is not None
+        self._changed(parent)
         upper = self._new_node(child.key[:at], child.value[:at], child.extra_key, parent)
         upper.lock_ref = child.lock_ref
         upper.children = {self._child_key(child.key, at, child.extra_key): child}
@@ -531,12 +591,15 @@ class RadixTree:
         child.key = child.key[at:]
         child.value = child.value[at:]
         child.parent = upper
+        child._state = None  # its ancestors' are gone already (parent's above, upper is new)
         self._split_nodes.append(upper.node_id)
         return upper
 
     def _delete_leaf(self, leaf: RadixNode) -> None:
         parent = leaf.parent
         assert parent is not None
+        self._changed(parent)
+        leaf._state = None
         del parent.children[self._child_key(leaf.key, 0, leaf.extra_key)]
         leaf.alive = False  # the parent link stays, as in SGLang
         self._evictable_size -= len(leaf.key)
@@ -583,12 +646,37 @@ class RadixTree:
         assert self.history is not None
         self.history.add(event, self.snapshot())
 
-    def _node_state(self, node: RadixNode) -> RadixNodeState:
-        return RadixNodeState(
-            node_id=node.node_id,
-            key=node.key,
-            lock_ref=node.lock_ref,
-            last_access=node.last_access,
-            children=tuple(self._node_state(c) for c in node.children.values()),
-            extra_key=node.extra_key,
-        )
+    def _changed(self, node: RadixNode) -> None:
+        """``node`` is about to change: drop its cached snapshot and its ancestors'.
+
+        A node whose snapshot is gone has every ancestor's gone too, so the walk
+        up stops at the first one already dropped: O(1) while nothing was
+        snapshotted since, one path at most.
+        """
+        walk: RadixNode | None = node
+        while walk is not None and walk._state is not None:
+            walk._state = None
+            walk = walk.parent
+
+    def _root_state(self) -> RadixNodeState:
+        """The root's ``RadixNodeState``: rebuild the changed nodes bottom up, reuse the rest."""
+        if self.root._state is None:
+            changed = []  # the changed nodes, parents before children
+            stack = [self.root]
+            while stack:
+                node = stack.pop()
+                changed.append(node)
+                for child in node.children.values():
+                    if child._state is None:
+                        stack.append(child)
+            for node in reversed(changed):  # children first
+                node._state = RadixNodeState(
+                    node.node_id,
+                    node.key,
+                    node.lock_ref,
+                    node.last_access,
+                    tuple([c._state for c in node.children.values()]),  # type: ignore[misc]
+                    node.extra_key,
+                )
+        assert self.root._state is not None
+        return self.root._state

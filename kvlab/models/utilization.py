@@ -18,10 +18,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import islice
 
 from kvlab.core.snapshots import BlockPoolState, ContiguousState, Event, History
 from kvlab.core.workloads import JavaRandom
-from kvlab.errors import InvalidArgumentError, check_int
+from kvlab.errors import LIMITS, InvalidArgumentError, brief, check_bool, check_size
 from kvlab.models.contiguous import ContiguousPool
 from kvlab.models.paged import BlockPool
 
@@ -54,10 +55,19 @@ class Utilization:
 
 
 def request_lengths(seed: int = 5, count: int = 40, *, shortest: int = 100, spread: int = 1400) -> list[int]:
-    """``count`` lengths ``shortest + nextInt(spread)`` from Java's ``new Random(seed)``, as the lesson drew them."""
-    check_int("count", count, minimum=0)
-    check_int("shortest", shortest, minimum=1)
-    check_int("spread", spread, minimum=1)
+    """``count`` lengths ``shortest + nextInt(spread)`` from Java's ``new Random(seed)``, as the lesson drew them.
+
+    ``count`` is at most ``LIMITS.count`` draws; ``shortest + spread - 1`` (the longest length) at
+    most ``LIMITS.tokens``, one request's tokens.
+    """
+    count = check_size("count", count, "count")
+    shortest = check_size("shortest", shortest, "tokens", minimum=1)
+    spread = check_size("spread", spread, "tokens", minimum=1)
+    if shortest + spread - 1 > LIMITS.tokens:
+        raise InvalidArgumentError(
+            f"shortest + spread - 1 = {shortest + spread - 1:,} is longer than one request may be "
+            f"({LIMITS.tokens:,} tokens, kvlab's limit LIMITS.tokens); lower shortest or spread"
+        )
     rng = JavaRandom(seed)
     return [shortest + rng.next_int(spread) for _ in range(count)]
 
@@ -67,8 +77,9 @@ def fill_reserving(
 ) -> Fill:
     """Reserve ``max_len`` slots per request, first fit, until one is refused."""
     lengths = _check_lengths(lengths)
-    check_int("pool_size", pool_size, minimum=1)
-    check_int("max_len", max_len, minimum=1)
+    pool_size = check_size("pool_size", pool_size, "tokens", minimum=1)
+    max_len = check_size("max_len", max_len, "tokens", minimum=1)
+    check_bool("record", record)
     for i, n in enumerate(lengths):
         if n > max_len:
             raise InvalidArgumentError(f"lengths[{i}] = {n} exceeds max_len = {max_len}: raise max_len")
@@ -97,8 +108,9 @@ def fill_paged(
     final state with a ``utilization.wait`` event naming the request that did not fit.
     """
     lengths = _check_lengths(lengths)
-    check_int("pool_size", pool_size, minimum=1)
-    check_int("block_size", block_size, minimum=1)
+    pool_size = check_size("pool_size", pool_size, "tokens", minimum=1)
+    block_size = check_size("block_size", block_size, "block_size", minimum=1)
+    check_bool("record", record)
     if pool_size < block_size:
         raise InvalidArgumentError(
             f"pool_size ({pool_size}) is smaller than one block ({block_size}); raise it"
@@ -130,19 +142,31 @@ def compare_utilization(
     record: bool = False,
 ) -> Utilization:
     """Fill the same pool both ways with the same requests."""
+    checked = _check_lengths(lengths)  # read once: an iterator is not drained twice
     return Utilization(
-        tuple(_check_lengths(lengths)),
-        fill_reserving(lengths, pool_size=pool_size, max_len=max_len, record=record),
-        fill_paged(lengths, pool_size=pool_size, block_size=block_size, record=record),
+        tuple(checked),
+        fill_reserving(checked, pool_size=pool_size, max_len=max_len, record=record),
+        fill_paged(checked, pool_size=pool_size, block_size=block_size, record=record),
     )
 
 
 def _check_lengths(lengths: object) -> list[int]:
+    """At most ``LIMITS.count`` request lengths, each a positive int of at most ``LIMITS.tokens``."""
     if isinstance(lengths, (str, bytes)) or not hasattr(lengths, "__iter__"):
         raise InvalidArgumentError(
             f"lengths must be a list of positive integers, got {type(lengths).__name__}"
         )
-    out = list(lengths)  # type: ignore[call-overload]
+    try:
+        out = list(islice(lengths, LIMITS.count + 1))  # type: ignore[call-overload]
+    except Exception:
+        raise InvalidArgumentError(
+            f"lengths must be a list of positive integers, got {brief(lengths)}"
+        ) from None
+    if len(out) > LIMITS.count:
+        raise InvalidArgumentError(
+            f"more than {LIMITS.count:,} lengths (kvlab's limit LIMITS.count); "
+            "for a deliberately larger run use kvlab.errors.raised_limits(count=...)"
+        )
     for i, n in enumerate(out):
-        check_int(f"lengths[{i}]", n, minimum=1)
+        out[i] = check_size(f"lengths[{i}]", n, "tokens", minimum=1)
     return out

@@ -24,11 +24,11 @@ only, since the CLI has no fork to check against a real engine).
 from __future__ import annotations
 
 import importlib
-import json
 from types import ModuleType
 from typing import Any, NamedTuple
 
-from kvlab.errors import ScenarioError
+from kvlab.core import jsonio
+from kvlab.errors import LIMITS, ScenarioError, brief
 
 MODULES = {
     "prefix-cache": "kvlab.scenarios.prefix_cache",
@@ -62,38 +62,59 @@ def replay(model: str, config: dict[str, Any], ops: list[Any]) -> list[dict[str,
     return module(model).replay(config, ops)
 
 
-def load_scenario(text: str) -> tuple[str | None, dict[str, Any], list[Any]]:
-    """Parse scenario JSON into (model it names or None, config, ops); raise ScenarioError when its shape is wrong."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ScenarioError(
-            f"the scenario is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})"
-        ) from None
+def load_scenario(data: bytes | str) -> tuple[str | None, dict[str, Any], list[Any]]:
+    """Parse scenario JSON (bytes or text) into (model it names or None, config, ops).
+
+    Untrusted input is read by ``kvlab.core.jsonio.read_json`` within ``LIMITS``
+    (``scenario_bytes``, strict UTF-8, ``json_depth``, ``int_digits``, no
+    NaN/Infinity), and a scenario holds at most ``LIMITS.ops`` ops (a million: a
+    replay keeps them all in memory, and the Playground rebuilds from them). Every
+    refusal, like a wrong shape, is a ``ScenarioError``.
+    """
+    data = jsonio.read_json(data, "the scenario", ScenarioError)
     if not isinstance(data, dict):
         raise ScenarioError('the scenario must be a JSON object: {"config": {...}, "ops": [...]}')
     unknown = set(data) - {"config", "ops", "model"}
     if unknown:
         raise ScenarioError(
-            f"unknown top-level key(s) {sorted(unknown)}: a scenario has only 'config', 'ops' and an optional 'model'"
+            f"unknown top-level key(s) {brief(sorted(unknown))}: a scenario has only 'config', 'ops' and an "
+            "optional 'model'"
         )
     model = data.get("model")
     if model is not None and not isinstance(model, str):
-        raise ScenarioError(f"'model' must be a string naming the model, got {model!r}")
+        raise ScenarioError(f"'model' must be a string naming the model, got {brief(model)}")
     config = data.get("config", {})
     ops = data.get("ops")
     if not isinstance(config, dict):
         raise ScenarioError("'config' must be a JSON object")
     if not isinstance(ops, list):
         raise ScenarioError("'ops' must be a JSON list of operations")
+    check_num_ops(ops)
     return model, config, ops
 
 
+def check_num_ops(ops: list[Any]) -> None:
+    """At most ``LIMITS.ops`` ops in one scenario."""
+    if len(ops) > LIMITS.ops:
+        raise ScenarioError(
+            f"the scenario has {len(ops):,} ops; kvlab replays at most {LIMITS.ops:,} (LIMITS.ops): split it, "
+            "or lift the limit deliberately with kvlab.errors.raised_limits(ops=...)"
+        )
+
+
 def parse_scenario(scenario: object) -> tuple[str | None, dict[str, Any], list[Any]]:
-    """``load_scenario`` for a scenario given as a dict or as its JSON text."""
+    """``load_scenario`` for a scenario given as a dict, as its JSON text or as bytes.
+
+    A dict is written out as JSON first (without recursion) and read back through
+    the same limits, so a dict and its file are refused alike, and what comes back
+    is plain JSON data the caller's later changes cannot reach.
+    """
     if isinstance(scenario, dict):
-        scenario = json.dumps(scenario)
-    elif not isinstance(scenario, str):
+        try:
+            scenario = jsonio.dumps(scenario)
+        except (TypeError, ValueError) as exc:
+            raise ScenarioError(f"the scenario is not JSON data: {exc}") from None
+    elif not isinstance(scenario, (str, bytes, bytearray)):
         raise ScenarioError(
             f'a scenario is a dict or JSON text {{"config": ..., "ops": [...]}}, got {type(scenario).__name__}'
         )
@@ -110,5 +131,5 @@ def check_model(named: object, model: str) -> None:
             "has no op for): load it with kvlab.views.Playground.from_scenario instead"
         )
     raise ScenarioError(
-        f"the scenario names model {named!r} but is replayed as {model!r}: replay it as {named!r}"
+        f"the scenario names model {brief(named)} but is replayed as {model!r}: replay it as {brief(named)}"
     )

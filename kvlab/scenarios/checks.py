@@ -9,12 +9,12 @@ track of which requests hold blocks.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from typing import Any, Protocol
 
 from kvlab.core.hashing import SCHEMES
-from kvlab.errors import MAX_TOKEN_ID, KvlabError, ScenarioError, brief
-from kvlab.scenarios import Outcome
+from kvlab.errors import MAX_TOKEN_ID, InvalidArgumentError, KvlabError, ScenarioError, brief, check_size
+from kvlab.scenarios import Outcome, check_num_ops
 
 OpFields = dict[str, tuple[set[str], set[str]]]  # op -> (required fields, optional fields)
 
@@ -25,9 +25,55 @@ class _Run(Protocol):
 
 def replay_ops(run: _Run, ops: Any) -> list[dict[str, Any]]:
     """Every op's record from ``run``, in order (the config was checked first, when ``run`` was built)."""
+    check_ops(ops)
+    return [run.apply(op, index).record for index, op in enumerate(ops)]
+
+
+def check_ops(ops: Any) -> None:
+    """``ops`` must be a list of at most ``LIMITS.ops`` operations."""
     if not isinstance(ops, list):
         raise ScenarioError("'ops' must be a list of operations")
-    return [run.apply(op, index).record for index, op in enumerate(ops)]
+    check_num_ops(ops)
+
+
+def op_name(op: Any, index: int, op_fields: Container[str], example: str) -> str:
+    """The op's name: ``op`` must be an object whose ``"op"`` is one of ``op_fields`` (exact str, any JSON type refused)."""
+    if not isinstance(op, dict):
+        raise ScenarioError(f"each op must be a JSON object like {example}, got {brief(op)}", index)
+    name = op.get("op")
+    if type(name) is not str or name not in op_fields:
+        raise ScenarioError(f"unknown op {brief(name)}: use one of {', '.join(op_fields)}", index)  # type: ignore[arg-type]
+    return name
+
+
+def check_string(op: dict[str, Any], key: str, index: int, what: str = "a non-empty string") -> str | None:
+    """``op[key]`` (None when absent) must be a non-empty ``str``; the message says what it names."""
+    if key not in op:
+        return None
+    value = op[key]
+    if type(value) is not str or not value:
+        raise ScenarioError(f"'{key}' must be {what}, got {brief(value)} ({type(value).__name__})", index)
+    return value
+
+
+def check_token_list(value: Any, index: int, empty: str | None) -> list[int]:
+    """A list of at most ``LIMITS.tokens`` token ids 0..MAX_TOKEN_ID; ``empty`` is why an empty one is refused (None: allowed)."""
+    if type(value) is not list:
+        raise ScenarioError(f"'tokens' must be a list of integer token ids, got {brief(value)}", index)
+    if not value and empty is not None:
+        raise ScenarioError(f"'tokens' is empty: {empty}", index)
+    try:
+        check_size("len(tokens)", len(value), "tokens")
+    except InvalidArgumentError as exc:
+        raise ScenarioError(str(exc), index) from None
+    if set(map(type, value)) <= {int} and (not value or min(value) >= 0 and max(value) <= MAX_TOKEN_ID):
+        return value  # the fast path: plain ints in range
+    for i, t in enumerate(value):
+        if type(t) is not int or not 0 <= t <= MAX_TOKEN_ID:
+            raise ScenarioError(
+                f"tokens[{i}] = {brief(t)} is not a token id (an integer 0..{MAX_TOKEN_ID})", index
+            )
+    return value
 
 
 # ---------------------------------------------------------------- a block pool's config
@@ -42,12 +88,20 @@ def check_config_keys(config: Any, name: str, keys: Sequence[str]) -> None:
         raise ScenarioError(f"unknown config key(s) {unknown}: {name} takes {', '.join(keys)}")
 
 
-def config_size(config: dict[str, Any], key: str) -> int:
-    """``config[key]``, which must be an integer >= 1 (a block count or size)."""
+def config_size(config: dict[str, Any], key: str, limit: str | None = None) -> int:
+    """``config[key]``, an integer from 1 to ``LIMITS.<limit>`` (default: the limit named like the key).
+
+    ``num_blocks`` and ``block_size`` are bounded by ``LIMITS.num_blocks`` and
+    ``LIMITS.block_size``: a pool builds every block up front, so a config of ten
+    million blocks would take a minute and gigabytes before the first op.
+    """
     value = config.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if type(value) is not int or value < 1:
         raise ScenarioError(f"config '{key}' must be an integer >= 1, got {brief(value)}")
-    return value
+    try:
+        return check_size(key, value, limit or key, minimum=1)
+    except InvalidArgumentError as exc:
+        raise ScenarioError(f"config '{key}' is too large: {exc}") from None
 
 
 def config_flag(config: dict[str, Any], key: str, default: bool) -> bool:
@@ -61,7 +115,7 @@ def config_flag(config: dict[str, Any], key: str, default: bool) -> bool:
 def config_hash(config: dict[str, Any]) -> str:
     """``config["hash"]``: the block-hash scheme, one of ``SCHEMES`` (default "lesson")."""
     scheme = config.get("hash", "lesson")
-    if scheme not in SCHEMES:
+    if type(scheme) is not str or scheme not in SCHEMES:
         raise ScenarioError(
             f"config 'hash' must be one of {', '.join(map(repr, SCHEMES))}, got {brief(scheme)}"
         )
@@ -81,38 +135,22 @@ def build_pool(make: Callable[..., Any], config: dict[str, Any], **options: Any)
 
 def check_op(op: Any, index: int, op_fields: OpFields) -> None:
     """Reject a malformed op: not an object, an unknown op, a missing or extra field, a bad value."""
-    if not isinstance(op, dict):
-        raise ScenarioError(f'each op must be an object like {{"op": "alloc", ...}}, got {brief(op)}', index)
-    name = op.get("op")
-    if not isinstance(name, str) or name not in op_fields:
-        raise ScenarioError(f"unknown op {brief(name)}: use one of {', '.join(op_fields)}", index)
+    name = op_name(op, index, op_fields, '{"op": "alloc", ...}')
     required, optional = op_fields[name]
     missing = sorted(required - set(op))
     if missing:
         raise ScenarioError(f"{name} needs field(s) {missing}", index)
-    extra = sorted(set(op) - required - optional - {"op"})
+    extra = sorted(set(op) - required - optional - {"op"}, key=str)
     if extra:
         allowed = ", ".join(sorted(required | optional))
-        raise ScenarioError(f"{name} does not take field(s) {extra}; it takes {allowed}", index)
+        raise ScenarioError(f"{name} does not take field(s) {brief(extra)}; it takes {allowed}", index)
     for key in ("req", "child"):
-        if key in op and (not isinstance(op[key], str) or not op[key]):
-            raise ScenarioError(f"'{key}' must be a non-empty string, got {brief(op[key])}", index)
+        check_string(op, key, index)
     if "tokens" in op:
-        tokens = op["tokens"]
-        if not isinstance(tokens, list):
-            raise ScenarioError(f"'tokens' must be a list of integer token ids, got {brief(tokens)}", index)
-        if not tokens:
-            what = "a prompt" if name in ("alloc", "probe") else "an append"
-            raise ScenarioError(f"'tokens' is empty: {what} needs at least one token", index)
-        for i, t in enumerate(tokens):
-            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= MAX_TOKEN_ID:
-                raise ScenarioError(
-                    f"tokens[{i}] = {brief(t)} is not a token id (an integer 0..{MAX_TOKEN_ID})", index
-                )
+        what = "a prompt" if name in ("alloc", "probe") else "an append"
+        check_token_list(op["tokens"], index, f"{what} needs at least one token")
     if "cache_salt" in op and op["cache_salt"] is not None:
-        salt = op["cache_salt"]
-        if not isinstance(salt, str) or not salt:
-            raise ScenarioError(f"'cache_salt' must be a non-empty string, got {brief(salt)}", index)
+        check_string(op, "cache_salt", index)
 
 
 class LiveRequests:

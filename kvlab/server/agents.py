@@ -22,12 +22,14 @@ figures are the same either way, since no prompt repeats the previous one.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from kvlab.errors import InvalidArgumentError, check_int, check_tokens
-from kvlab.server.slots import SlotServer, common_prefix
+from kvlab.errors import LIMITS, MAX_TOKEN_ID, InvalidArgumentError, check_int, check_size
+from kvlab.server.inputs import call_user, read_tokens
+from kvlab.server.slots import SlotServer, _lcp
 
 
 @runtime_checkable
@@ -37,6 +39,20 @@ class HistoryPolicy(Protocol):
     def __call__(self, prefix: Sequence[int], results: Sequence[Sequence[int]]) -> list[int]: ...
 
 
+def _policy_args(prefix: object, results: object) -> tuple[list[int], list[list[int]]]:
+    """A policy's arguments checked: token ids, at most ``LIMITS.turns`` results."""
+    pre = read_tokens("prefix", prefix, allow_empty=True)
+    if isinstance(results, (str, bytes)) or not hasattr(results, "__iter__"):
+        raise InvalidArgumentError(f"results must be a list of token lists, got {type(results).__name__}")
+    try:
+        rows = list(itertools.islice(iter(results), LIMITS.turns + 1))  # type: ignore[call-overload]
+    except Exception as exc:
+        raise InvalidArgumentError(f"results could not be read: {type(exc).__name__}") from exc
+    if len(rows) > LIMITS.turns:
+        raise InvalidArgumentError(f"results has more than {LIMITS.turns:,} items (LIMITS.turns)")
+    return pre, [read_tokens(f"results[{i}]", r, allow_empty=True) for i, r in enumerate(rows)]
+
+
 @dataclass(frozen=True)
 class AppendOnly:
     """Keep every result: the prompt only grows at its end."""
@@ -44,6 +60,7 @@ class AppendOnly:
     name: str = "append-only"
 
     def __call__(self, prefix: Sequence[int], results: Sequence[Sequence[int]]) -> list[int]:
+        prefix, results = _policy_args(prefix, results)
         return [*prefix, *(t for r in results for t in r)]
 
 
@@ -54,13 +71,15 @@ class KeepLast:
     n: int = 5
 
     def __post_init__(self) -> None:
-        check_int("n", self.n, minimum=1)
+        """``n`` is 1..``LIMITS.turns``."""
+        object.__setattr__(self, "n", check_size("n", self.n, "turns", minimum=1))
 
     @property
     def name(self) -> str:
         return f"keep only the last {self.n} tool results"
 
     def __call__(self, prefix: Sequence[int], results: Sequence[Sequence[int]]) -> list[int]:
+        prefix, results = _policy_args(prefix, results)
         return [*prefix, *(t for r in results[-self.n :] for t in r)]
 
 
@@ -76,15 +95,28 @@ class SummarizeOnce:
     summary_first_id: int = 900_000
 
     def __post_init__(self) -> None:
-        check_int("after", self.after, minimum=1)
-        check_int("summary_tokens", self.summary_tokens, minimum=0)
-        check_int("summary_first_id", self.summary_first_id, minimum=0)
+        """``after`` is 1..``LIMITS.turns``, the summary at most ``LIMITS.tokens`` ids, all within 0..MAX_TOKEN_ID."""
+        object.__setattr__(self, "after", check_size("after", self.after, "turns", minimum=1))
+        object.__setattr__(
+            self, "summary_tokens", check_size("summary_tokens", self.summary_tokens, "tokens", minimum=0)
+        )
+        object.__setattr__(
+            self,
+            "summary_first_id",
+            check_int(
+                "summary_first_id",
+                self.summary_first_id,
+                minimum=0,
+                maximum=MAX_TOKEN_ID + 1 - max(1, self.summary_tokens),
+            ),
+        )
 
     @property
     def name(self) -> str:
         return f"append-only, one summary at {self.after}"
 
     def __call__(self, prefix: Sequence[int], results: Sequence[Sequence[int]]) -> list[int]:
+        prefix, results = _policy_args(prefix, results)
         if len(results) <= self.after:
             return AppendOnly()(prefix, results)
         summary = range(self.summary_first_id, self.summary_first_id + self.summary_tokens)
@@ -138,12 +170,25 @@ def run_agent(
     """Play ``turns`` agent turns; each adds one tool call and result of ``result_tokens`` tokens."""
     if not callable(policy):
         raise InvalidArgumentError("policy must be a callable (prefix, results) -> prompt tokens")
-    check_int("turns", turns, minimum=1)
-    check_int("prefix_tokens", prefix_tokens, minimum=0)
-    check_int("result_tokens", result_tokens, minimum=1)
-    check_int("first_result_id", first_result_id, minimum=prefix_tokens)
+    # bounds: LIMITS.turns turns, LIMITS.tokens per prefix, result and prompt, LIMITS.total_tokens in all
+    turns = check_size("turns", turns, "turns", minimum=1)
+    prefix_tokens = check_size("prefix_tokens", prefix_tokens, "tokens", minimum=0)
+    result_tokens = check_size("result_tokens", result_tokens, "tokens", minimum=1)
+    first_result_id = check_int(
+        "first_result_id",
+        first_result_id,
+        minimum=prefix_tokens,
+        maximum=MAX_TOKEN_ID + 1 - turns * result_tokens,
+    )
+    if turns * result_tokens > LIMITS.total_tokens:
+        raise InvalidArgumentError(
+            f"{turns} turns of {result_tokens} tokens are more than LIMITS.total_tokens ({LIMITS.total_tokens:,})"
+        )
     if name is None:
-        name = getattr(policy, "name", None) or getattr(policy, "__name__", "custom policy")
+        name = call_user(
+            "reading the policy's name",
+            lambda: getattr(policy, "name", None) or getattr(policy, "__name__", "custom policy"),
+        )
     if not isinstance(name, str):
         raise InvalidArgumentError("name must be a string")
     if server is not None and not isinstance(server, SlotServer):
@@ -152,24 +197,34 @@ def run_agent(
     results: list[tuple[int, ...]] = []
     prompts: list[list[int]] = []
     next_id = first_result_id
+    total = 0
     for turn in range(turns):  # build every prompt first, so a bad policy changes nothing
         results.append(tuple(range(next_id, next_id + result_tokens)))
         next_id += result_tokens
-        try:
-            built = policy(prefix, tuple(results))
-        except Exception as exc:
-            raise InvalidArgumentError(f"the policy failed on turn {turn + 1}: {exc}") from exc
-        prompt = check_tokens(f"the policy's prompt on turn {turn + 1}", built)
+        built = call_user(f"the policy on turn {turn + 1}", policy, prefix, tuple(results))
+        prompt = read_tokens(f"the policy's prompt on turn {turn + 1}", built)
+        total += len(prompt)
+        if total > LIMITS.total_tokens:
+            raise InvalidArgumentError(
+                f"the policy's prompts add up to more than LIMITS.total_tokens ({LIMITS.total_tokens:,}) by turn {turn + 1}"
+            )
         if server is not None and len(prompt) >= server.n_ctx:
             raise InvalidArgumentError(
                 f"turn {turn + 1}'s prompt ({len(prompt)} tokens) does not fit n_ctx {server.n_ctx}"
             )
         prompts.append(prompt)
+    if server is None:
+        return AgentRun(name, _play(prompts, None))
+    with server.all_or_nothing():  # a turn the server refuses leaves it as it was before the run
+        return AgentRun(name, _play(prompts, server))
+
+
+def _play(prompts: list[list[int]], server: SlotServer | None) -> tuple[AgentTurn, ...]:
     cached: list[int] = []
     out: list[AgentTurn] = []
     for turn, prompt in enumerate(prompts):
-        lcp = common_prefix(cached, prompt)
+        lcp = _lcp(cached, prompt)
         hit = lcp if server is None else server.complete(prompt, max_tokens=0).cache_n
         out.append(AgentTurn(turn + 1, len(prompt), hit, len(prompt) - hit, lcp))
         cached = prompt
-    return AgentRun(name, tuple(out))
+    return tuple(out)

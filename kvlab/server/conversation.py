@@ -16,11 +16,13 @@ against a real llama-server (whose response fields are ``usage.prompt_tokens``,
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvlab.core.chat_format import Message, Tokenizer, render, reply_tokens
-from kvlab.errors import InvalidArgumentError, check_int, check_tokens
+from kvlab.errors import LIMITS, InvalidArgumentError, brief, check_size
+from kvlab.server.inputs import call_user, read_tokens
 from kvlab.server.slots import SlotServer
 
 
@@ -32,19 +34,39 @@ class TurnCounters:
     cache_n: int
     prompt_n: int
 
+    def __post_init__(self) -> None:
+        """Each counter is a whole number of tokens, 0..``LIMITS.tokens``."""
+        for name in ("prompt_tokens", "cache_n", "prompt_n"):
+            object.__setattr__(self, name, check_size(name, getattr(self, name), "tokens"))
+
 
 def predicted_cache_n(prompt_tokens: Sequence[int], max_tokens: int) -> list[int]:
-    """The append-only rule: turn 1 finds nothing, later turns find previous prompt + max_tokens - 1."""
-    sizes = check_tokens("prompt_tokens", prompt_tokens)
-    check_int("max_tokens", max_tokens, minimum=1)
-    if any(p < 1 for p in sizes):
-        raise InvalidArgumentError("prompt sizes must be positive")
+    """The append-only rule: turn 1 finds nothing, later turns find previous prompt + max_tokens - 1.
+
+    At most ``LIMITS.turns`` prompt sizes, each 1..``LIMITS.tokens``.
+    """
+    sizes = read_tokens("prompt_tokens", prompt_tokens, limit=LIMITS.turns, in_range=False)
+    max_tokens = check_size("max_tokens", max_tokens, "tokens", minimum=1)
+    for i, p in enumerate(sizes):
+        if p < 1:
+            raise InvalidArgumentError(f"prompt sizes must be positive, got prompt_tokens[{i}] = {brief(p)}")
+        check_size(f"prompt_tokens[{i}]", p, "tokens", minimum=1)
     return [0] + [p + max_tokens - 1 for p in sizes[:-1]]
 
 
 def tokens_processed(turns: Sequence[TurnCounters]) -> int:
-    """Prompt tokens the server computed over a run: the sum of ``prompt_n``."""
-    return sum(t.prompt_n for t in turns)
+    """Prompt tokens the server computed over a run (at most ``LIMITS.turns`` turns): the sum of ``prompt_n``."""
+    if isinstance(turns, (str, bytes)) or not hasattr(turns, "__iter__"):
+        raise InvalidArgumentError(f"turns must be a list of TurnCounters, got {type(turns).__name__}")
+    items = list(itertools.islice(turns, LIMITS.turns + 1))
+    if len(items) > LIMITS.turns:
+        raise InvalidArgumentError(f"turns has more than {LIMITS.turns:,} items (LIMITS.turns)")
+    for i, t in enumerate(items):
+        if not isinstance(t, (TurnCounters, ChatTurn)):
+            raise InvalidArgumentError(
+                f"turns[{i}] must be a TurnCounters or a ChatTurn, got {type(t).__name__}"
+            )
+    return sum(t.prompt_n for t in items)
 
 
 @dataclass(frozen=True)
@@ -77,26 +99,60 @@ def replay_chat(
     history. ``clock(turn)`` (0-based) is put at the start of the system prompt,
     like the lesson's "Time: 10:00:00." run.
     """
-    if (
-        isinstance(user_messages, str)
-        or not all(isinstance(m, str) for m in user_messages)
-        or not user_messages
-    ):
-        raise InvalidArgumentError("user_messages must be a non-empty list of strings")
+    messages = _messages(user_messages)
     if not isinstance(system, str):
-        raise InvalidArgumentError("system must be a string")
+        raise InvalidArgumentError(f"system must be a string, got {type(system).__name__}")
     if not isinstance(server, SlotServer) or not isinstance(tokenizer, Tokenizer):
         raise InvalidArgumentError("server must be a SlotServer and tokenizer a kvlab Tokenizer")
-    check_int("max_tokens", max_tokens, minimum=1)
+    max_tokens = check_size("max_tokens", max_tokens, "tokens", minimum=1)
     if clock is not None and not callable(clock):
         raise InvalidArgumentError("clock must be a callable turn -> text, or None")
+    with server.all_or_nothing():  # a turn refused halfway leaves the server as before the chat
+        return _replay(messages, system, server, tokenizer, max_tokens, clock)
+
+
+def _messages(user_messages: object) -> list[str]:
+    """The user messages as a list of plain strings, at most ``LIMITS.turns`` of them."""
+    if isinstance(user_messages, (str, bytes)) or not hasattr(user_messages, "__iter__"):
+        raise InvalidArgumentError("user_messages must be a non-empty list of strings")
+    try:
+        items = list(itertools.islice(iter(user_messages), LIMITS.turns + 1))  # type: ignore[call-overload]
+    except Exception as exc:
+        raise InvalidArgumentError(f"user_messages could not be read: {type(exc).__name__}") from exc
+    if len(items) > LIMITS.turns:
+        raise InvalidArgumentError(f"user_messages has more than {LIMITS.turns:,} messages (LIMITS.turns)")
+    if not items or not all(isinstance(m, str) for m in items):
+        raise InvalidArgumentError("user_messages must be a non-empty list of strings")
+    return [str.__str__(m) for m in items]
+
+
+def _replay(
+    user_messages: list[str],
+    system: str,
+    server: SlotServer,
+    tokenizer: Tokenizer,
+    max_tokens: int,
+    clock: Callable[[int], str] | None,
+) -> list[ChatTurn]:
     history: list[Message] = []
     out: list[ChatTurn] = []
-    prev = 0
+    prev = total = 0
     for i, text in enumerate(user_messages):
-        head = clock(i) if clock is not None else ""
+        head = call_user(f"clock({i})", clock, i) if clock is not None else ""
+        if not isinstance(head, str):
+            raise InvalidArgumentError(f"clock({i}) must return a string, got {brief(head)}")
         msgs = [Message("system", head + system), *history, Message("user", text)]
         prompt = render(msgs, tokenizer)
+        if len(prompt) >= server.n_ctx:
+            raise InvalidArgumentError(
+                f"turn {i + 1}'s prompt has {len(prompt)} tokens but a slot holds {server.n_ctx}: "
+                "shorten the chat or raise n_ctx; the server is left as it was before the chat"
+            )
+        total += len(prompt)
+        if total > LIMITS.total_tokens:
+            raise InvalidArgumentError(
+                f"the chat's prompts add up to more than LIMITS.total_tokens ({LIMITS.total_tokens:,}) by turn {i + 1}"
+            )
         gen = reply_tokens(tokenizer, prompt.tokens, min(max_tokens, server.n_ctx - len(prompt)))
         rec = server.complete(prompt.tokens, max_tokens=max_tokens, generated=gen)
         reply = tokenizer.decode(gen)

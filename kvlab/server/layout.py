@@ -30,10 +30,20 @@ from dataclasses import dataclass
 
 from kvlab.core import hashing
 from kvlab.core.workloads import JavaRandom, java_list_hash
-from kvlab.errors import InvalidArgumentError, check_bool, check_choice, check_int, check_tokens
+from kvlab.errors import (
+    LIMITS,
+    InvalidArgumentError,
+    brief,
+    check_bool,
+    check_choice,
+    check_int,
+    check_size,
+)
+from kvlab.server.inputs import call_user, read_tokens
 
 SCHEMES = ("java", "lesson", "vllm")
 _LONG = 1 << 64
+JAVA_LONG = (-(2**63), 2**63 - 1)  # the seed of java.util.Random is a long
 
 
 def _rng(start: int, n: int) -> list[int]:
@@ -69,13 +79,23 @@ class AgentSession:
             ("answer_tokens", answer_tokens),
             ("timestamp_tokens", timestamp_tokens),
         ):
-            check_int(name, v, minimum=0)
+            check_size(name, v, "tokens", minimum=0)  # each part at most LIMITS.tokens
+        if n_tools * tool_tokens > LIMITS.tokens:
+            raise InvalidArgumentError(
+                f"{n_tools} tools of {tool_tokens} tokens are more than LIMITS.tokens ({LIMITS.tokens:,})"
+            )
         if tool_tokens > 100 or message_tokens + answer_tokens > 1000 or timestamp_tokens > 10:
             raise InvalidArgumentError(
                 "tool_tokens <= 100, message_tokens + answer_tokens <= 1000 and timestamp_tokens <= 10 "
                 "keep the id ranges of different parts apart"
             )
-        check_int("seed", seed)
+        seed = check_int("seed", seed, minimum=JAVA_LONG[0], maximum=JAVA_LONG[1])
+        system_tokens, n_tools, tool_tokens = int(system_tokens), int(n_tools), int(tool_tokens)
+        message_tokens, answer_tokens, timestamp_tokens = (
+            int(message_tokens),
+            int(answer_tokens),
+            int(timestamp_tokens),
+        )
         self.system_tokens, self.n_tools, self.tool_tokens = system_tokens, n_tools, tool_tokens
         self.message_tokens, self.answer_tokens, self.timestamp_tokens = (
             message_tokens,
@@ -92,17 +112,22 @@ class AgentSession:
         return [_rng(20_000 + t * 100, self.tool_tokens) for t in range(self.n_tools)]
 
     def timestamp(self, turn: int) -> list[int]:
-        return _rng(90_000 + turn * 10, self.timestamp_tokens)
+        return _rng(90_000 + _turn(turn) * 10, self.timestamp_tokens)
 
     def message(self, turn: int) -> list[int]:
-        return _rng(50_000 + turn * 1000, self.message_tokens)
+        return _rng(50_000 + _turn(turn) * 1000, self.message_tokens)
 
     def answer(self, turn: int) -> list[int]:
-        return _rng(60_000 + turn * 1000, self.answer_tokens)
+        return _rng(60_000 + _turn(turn) * 1000, self.answer_tokens)
 
     def end_turn(self, turn: int) -> None:
         """The user message stays in the history; the answer and tool results are appended."""
         self.history += self.message(turn) + self.answer(turn)
+
+
+def _turn(turn: object) -> int:
+    """A turn number, 0..``LIMITS.turns`` (its ids stay far below MAX_TOKEN_ID)."""
+    return check_size("turn", turn, "turns")
 
 
 @dataclass(frozen=True)
@@ -114,7 +139,8 @@ class Segment:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
-            raise InvalidArgumentError("a segment needs a non-empty name")
+            raise InvalidArgumentError(f"a segment needs a non-empty name, got {brief(self.name)}")
+        object.__setattr__(self, "name", str.__str__(self.name))
         if not callable(self.build):
             raise InvalidArgumentError(
                 f"segment {self.name!r}: build must be a callable (session, turn) -> tokens"
@@ -122,8 +148,8 @@ class Segment:
 
 
 def fixed(name: str, tokens: Sequence[int]) -> Segment:
-    """A segment that is the same every turn."""
-    toks = tuple(check_tokens("tokens", tokens, allow_empty=True))
+    """A segment that is the same every turn (at most ``LIMITS.tokens`` ids)."""
+    toks = tuple(read_tokens("tokens", tokens, allow_empty=True))
     return Segment(name, lambda session, turn: toks)
 
 
@@ -233,15 +259,15 @@ def _segment_at(spans: Sequence[SegmentSpan], pos: int) -> str | None:
 
 
 def chained_hashes(tokens: Sequence[int], block_size: int, scheme: str = "lesson") -> list[object]:
-    """One chained hash per full block of ``tokens``, under ``scheme`` (see the module docstring)."""
+    """One chained hash per full block of ``tokens``, under ``scheme`` (see the module docstring).
+
+    Token ids are 0..MAX_TOKEN_ID (a Java int too), at most ``LIMITS.tokens``; blocks at most ``LIMITS.block_size``.
+    """
     scheme = check_choice("scheme", scheme, SCHEMES)
+    toks = read_tokens("tokens", tokens, allow_empty=True)
+    block_size = check_size("block_size", block_size, "block_size", minimum=1)
     if scheme != "java":
-        return list(hashing.block_hashes(tokens, block_size, scheme=scheme))
-    toks = check_tokens("tokens", tokens, allow_empty=True)
-    check_int("block_size", block_size, minimum=1)
-    for t in toks:
-        if not -(2**31) <= t < 2**31:
-            raise InvalidArgumentError(f"token id {t} is not a Java int; the java chain hashes List<Integer>")
+        return list(hashing.block_hashes(toks, block_size, scheme=scheme))
     out: list[object] = []
     h = 17
     for start in range(0, len(toks) - block_size + 1, block_size):
@@ -267,8 +293,8 @@ def run_layout(
             raise InvalidArgumentError(f"segments[{i}] must be a Segment, got {type(s).__name__}")
     if not isinstance(name, str):
         raise InvalidArgumentError("name must be a string")
-    check_int("turns", turns, minimum=1)
-    check_int("block_size", block_size, minimum=1)
+    turns = check_size("turns", turns, "turns", minimum=1)
+    block_size = check_size("block_size", block_size, "block_size", minimum=1)
     scheme = check_choice("scheme", scheme, SCHEMES)
     if session is None:
         session = AgentSession()
@@ -288,19 +314,24 @@ def _run(
     seen: set[object] = set()
     out: list[LayoutTurn] = []
     previous: list[int] | None = None
+    total = 0
     for turn in range(turns):
         prompt: list[int] = []
         spans: list[SegmentSpan] = []
         for seg in segments:
-            try:
-                built = seg.build(session, turn)
-            except Exception as exc:  # a user's build function failed: say which segment
-                raise InvalidArgumentError(
-                    f"segment {seg.name!r} failed to build turn {turn}: {exc}"
-                ) from exc
-            toks = check_tokens(f"segment {seg.name!r} (turn {turn}) tokens", built, allow_empty=True)
+            built = call_user(f"segment {seg.name!r}'s build (turn {turn})", seg.build, session, turn)
+            toks = read_tokens(f"segment {seg.name!r} (turn {turn}) tokens", built, allow_empty=True)
             spans.append(SegmentSpan(seg.name, len(prompt), len(toks)))
             prompt += toks
+            if len(prompt) > LIMITS.tokens:
+                raise InvalidArgumentError(
+                    f"turn {turn}'s prompt is longer than LIMITS.tokens ({LIMITS.tokens:,}) at segment {seg.name!r}"
+                )
+        total += len(prompt)
+        if total > LIMITS.total_tokens:
+            raise InvalidArgumentError(
+                f"the layout's prompts add up to more than LIMITS.total_tokens ({LIMITS.total_tokens:,}) by turn {turn}"
+            )
         cached = 0
         prefix = True
         for h in chained_hashes(prompt, block_size, scheme):

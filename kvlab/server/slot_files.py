@@ -19,10 +19,29 @@ bytes per token. Layout, all little-endian::
                 V: the same
 
 Arrays are written and read as raw bytes with numpy (never pickle). A file is
-refused -- with a ``SlotFileError`` and nothing loaded -- when its name could
-leave the directory, when it comes from another model shape or dtype (raw KV
-values are meaningless to another model, as the lesson notes), or when it is
-truncated or its checksum does not match.
+refused -- with a ``SlotFileError`` and nothing loaded -- when it comes from
+another model shape or dtype (raw KV values are meaningless to another model, as
+the lesson notes), when it is truncated, padded or its checksum does not match,
+when it holds more than ``LIMITS.tokens`` tokens or ``LIMITS.mib`` MiB, a token
+id outside 0..MAX_TOKEN_ID or a KV value that is not finite (NaN, inf).
+
+**What the checksum protects against.** The SHA-256 catches accidents: a file
+cut short by a full disk or a killed process, bits flipped on disk or in
+transit, a file copied from another model that happens to have the right size.
+It does not protect against tampering: anyone who can write the file can
+recompute the checksum, so the value checks above (ids, finite values, sizes,
+shape) are made on every load whatever the checksum says, and the file can at
+worst restore wrong-but-valid KV. A signature with a server key (an HMAC) would
+be needed to trust a file's origin; neither kvlab nor llama-server has one.
+llama-server keeps no checksum at all: its restore checks the magic, the version,
+that the token count fits the slot, and each layer's type and row size.
+
+**Names and the directory** (``kvlab.server.save_dir``): the file name is one
+plain name (``check_filename`` says exactly which names are refused and why), the
+file is opened inside the directory without following a symlink, and a save
+writes a new temporary file and renames it over the target, removing it on any
+failure. llama-server validates the name with ``fs_validate_filename`` and then
+opens ``--slot-save-path`` + name directly, following links.
 
 kvlab's slots hold token ids, not tensors, so ``synthetic_kv`` stands in for the
 model: a fixed, seeded function of (layer, token id, position) that gives every
@@ -32,23 +51,26 @@ saved file real, checkable KV arrays.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from kvlab.errors import (
+    LIMITS,
     InvalidArgumentError,
     SlotBusyError,
     SlotFileError,
     brief,
     check_choice,
     check_int,
-    check_tokens,
+    check_size,
 )
+from kvlab.server.inputs import read_tokens
+from kvlab.server.save_dir import check_filename, read_file, write_file
 from kvlab.server.slots import SlotServer
 
 MAGIC = b"KVLABSLT"
@@ -60,6 +82,15 @@ _LAYER = struct.Struct("<II")
 _CELL = np.dtype([("pos", "<i4"), ("n_seq", "<u4"), ("seq_id", "<i4")])
 DTYPES: dict[str, tuple[int, np.dtype]] = {"f16": (1, np.dtype("<f2")), "f32": (2, np.dtype("<f4"))}
 _DTYPE_BY_CODE = {code: name for name, (code, _) in DTYPES.items()}
+MIB = 1 << 20
+# Bounds of a model's cache shape, far above any released model (Llama 3.1 405B: 126 layers, 8 KV
+# heads of 128; MHA models reach 128 heads; the widest heads are 576 values): a shape past them is
+# a typo or an attack, and it would size synthetic_kv's arrays.
+MAX_LAYERS = 1024
+MAX_KV_HEADS = 1024
+MAX_HEAD_DIM = 4096
+MAX_KV_BYTES_PER_TOKEN = 16 * MIB  # 128x an 8B Llama at F16
+MAX_SEED = 2**64 - 1  # numpy seeds are 64-bit words
 
 
 @dataclass(frozen=True)
@@ -72,10 +103,19 @@ class ModelShape:
     dtype: str = "f16"
 
     def __post_init__(self) -> None:
-        check_int("n_layers", self.n_layers, minimum=1)
-        check_int("n_kv_heads", self.n_kv_heads, minimum=1)
-        check_int("head_dim", self.head_dim, minimum=1)
-        check_choice("dtype", self.dtype, tuple(DTYPES))
+        """Bounds: ``MAX_LAYERS``, ``MAX_KV_HEADS``, ``MAX_HEAD_DIM`` and ``MAX_KV_BYTES_PER_TOKEN`` (see there)."""
+        for name, bound in (
+            ("n_layers", MAX_LAYERS),
+            ("n_kv_heads", MAX_KV_HEADS),
+            ("head_dim", MAX_HEAD_DIM),
+        ):
+            object.__setattr__(self, name, check_int(name, getattr(self, name), minimum=1, maximum=bound))
+        object.__setattr__(self, "dtype", check_choice("dtype", self.dtype, tuple(DTYPES)))
+        if self.kv_bytes_per_token > MAX_KV_BYTES_PER_TOKEN:
+            raise InvalidArgumentError(
+                f"this shape needs {self.kv_bytes_per_token:,} bytes of KV per token, more than kvlab's "
+                f"{MAX_KV_BYTES_PER_TOKEN:,} (128 times an 8B Llama): check the numbers"
+            )
 
     @property
     def itemsize(self) -> int:
@@ -106,8 +146,8 @@ def header_bytes(shape: ModelShape) -> int:
 
 
 def slot_file_size(shape: ModelShape, n_tokens: int) -> int:
-    """Exact size of a slot file holding ``n_tokens`` tokens."""
-    check_int("n_tokens", n_tokens, minimum=0)
+    """Exact size of a slot file holding ``n_tokens`` tokens (at most ``LIMITS.tokens``)."""
+    n_tokens = check_size("n_tokens", n_tokens, "tokens")
     return header_bytes(shape) + n_tokens * shape.file_bytes_per_token
 
 
@@ -121,12 +161,16 @@ class SlotData:
     values: np.ndarray
 
     def __post_init__(self) -> None:
+        """Token ids in 0..MAX_TOKEN_ID, at most ``LIMITS.tokens``; K and V finite, of the shape's dtype."""
         _check_shape(self.shape)
+        object.__setattr__(self, "tokens", tuple(read_tokens("tokens", self.tokens, allow_empty=True)))
         want = (self.shape.n_layers, len(self.tokens), self.shape.n_kv_heads, self.shape.head_dim)
         dtype = DTYPES[self.shape.dtype][1]
         for name, arr in (("keys", self.keys), ("values", self.values)):
             if not isinstance(arr, np.ndarray) or arr.shape != want or arr.dtype != dtype:
                 raise InvalidArgumentError(f"{name} must be a {dtype} array of shape {want}")
+            if not np.isfinite(arr).all():
+                raise InvalidArgumentError(f"{name} holds a NaN or an infinity; KV values must be finite")
 
     @property
     def n_tokens(self) -> int:
@@ -136,8 +180,14 @@ class SlotData:
 def synthetic_kv(shape: ModelShape, tokens: Sequence[int], *, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Deterministic stand-in K and V for ``tokens``: same inputs, same bits, in any process."""
     _check_shape(shape)
-    toks = np.asarray(check_tokens("tokens", tokens, allow_empty=True), dtype=np.int64)
-    check_int("seed", seed, minimum=0)
+    toks = np.asarray(read_tokens("tokens", tokens, allow_empty=True), dtype=np.int64)
+    seed = check_int("seed", seed, minimum=0, maximum=MAX_SEED)
+    work = len(toks) * shape.kv_bytes_per_token // shape.itemsize * 8  # float64 rows before the cast
+    if work > LIMITS.mib * MIB:
+        raise InvalidArgumentError(
+            f"{len(toks):,} tokens of this shape need {work // MIB:,} MiB of working memory, more than "
+            f"LIMITS.mib ({LIMITS.mib:,}); use fewer tokens or kvlab.errors.raised_limits(mib=...)"
+        )
     rng = np.random.default_rng(seed)
     table = rng.standard_normal((2, shape.n_layers, 257, shape.n_kv_heads, shape.head_dim))
     angle = np.arange(len(toks))[:, None, None] * (1.0 / (1 + np.arange(shape.head_dim)))[None, None, :]
@@ -193,11 +243,22 @@ def decode_slot(blob: bytes, shape: ModelShape) -> SlotData:
         )
     if code not in _DTYPE_BY_CODE:
         raise SlotFileError(f"the file names an unknown dtype code {code}; it is corrupted")
-    saved = ModelShape(n_layers, n_heads, head_dim, _DTYPE_BY_CODE[code])
-    if saved != shape:
+    dtype_name = _DTYPE_BY_CODE[code]
+    if (n_layers, n_heads, head_dim, dtype_name) != (
+        shape.n_layers,
+        shape.n_kv_heads,
+        shape.head_dim,
+        shape.dtype,
+    ):
+        saved = f"{n_layers} layers, {n_heads} KV heads x {head_dim}, {dtype_name.upper()}"
         raise SlotFileError(
-            f"the file was saved by a model with {saved.describe()}, but this model has {shape.describe()}: "
+            f"the file was saved by a model with {saved}, but this model has {shape.describe()}: "
             "KV values only mean something to the model and cache type that wrote them"
+        )
+    if n > LIMITS.tokens:
+        raise SlotFileError(
+            f"the file claims {n:,} tokens, more than LIMITS.tokens ({LIMITS.tokens:,}); it is corrupted "
+            "or from a larger run (kvlab.errors.raised_limits(tokens=...))"
         )
     want = slot_file_size(shape, n)
     if len(blob) < want:
@@ -212,9 +273,16 @@ def decode_slot(blob: bytes, shape: ModelShape) -> SlotData:
     off = 0
     tokens = np.frombuffer(payload, dtype="<i4", count=n, offset=off)
     off += 4 * n
+    if n and int(tokens.min()) < 0:  # int32: never above MAX_TOKEN_ID
+        i = int(np.argmin(tokens))
+        raise SlotFileError(f"token {i} of the file is {int(tokens[i])}, not a token id (0..2**31-1)")
     cells = np.frombuffer(payload, dtype=_CELL, count=n, offset=off)
     off += _CELL.itemsize * n
-    if not (np.array_equal(cells["pos"], np.arange(n)) and np.all(cells["n_seq"] == 1)):
+    if not (
+        np.array_equal(cells["pos"], np.arange(n))
+        and np.all(cells["n_seq"] == 1)
+        and np.all(cells["seq_id"] == 0)
+    ):
         raise SlotFileError(
             "the file's cell metadata is not one sequence at positions 0..n-1; it is corrupted"
         )
@@ -228,6 +296,11 @@ def decode_slot(blob: bytes, shape: ModelShape) -> SlotData:
             if (got_layer, got_row) != (layer, row):
                 raise SlotFileError(f"layer {layer} has the wrong section header; the file is corrupted")
             arr = np.frombuffer(payload, dtype=dtype, count=n * n_heads * head_dim, offset=off)
+            if not np.isfinite(arr).all():
+                raise SlotFileError(
+                    f"layer {layer}'s {'KV'[kind]} holds a NaN or an infinity; KV values are finite, so the file is "
+                    "corrupted (a recomputed checksum does not make it valid)"
+                )
             arrays[kind].append(arr.reshape(n, n_heads, head_dim))
             off += n * row
     keys = np.stack(arrays[0])
@@ -235,45 +308,27 @@ def decode_slot(blob: bytes, shape: ModelShape) -> SlotData:
     return SlotData(shape, tuple(int(t) for t in tokens), keys.copy(), values.copy())
 
 
-def check_filename(filename: object) -> str:
-    """Return ``filename`` if it names a plain file inside the save directory; refuse anything else."""
-    if not isinstance(filename, str) or not filename:
-        raise InvalidArgumentError("filename must be a non-empty string such as 'agent-prefix.bin'")
-    if "/" in filename or "\\" in filename or os.sep in filename or (os.altsep and os.altsep in filename):
-        raise InvalidArgumentError(f"filename {filename!r} contains a path separator: give a bare file name")
-    if ".." in filename:
-        raise InvalidArgumentError(f"filename {filename!r} contains '..': give a bare file name")
-    if "\0" in filename or filename.strip() != filename or len(filename.encode("utf-8")) > 255:
-        raise InvalidArgumentError(f"filename {filename!r} is not a valid file name")
-    return filename
-
-
-def _path(directory: str | os.PathLike[str], filename: str) -> Path:
-    check_filename(filename)
-    if not isinstance(directory, (str, os.PathLike)):
-        raise InvalidArgumentError("directory must be a path (the server's --slot-save-path)")
-    d = Path(directory)
-    if not d.is_dir():
-        raise InvalidArgumentError(f"the slot save directory {str(d)!r} does not exist; create it first")
-    return d / filename
+def max_file_bytes(shape: ModelShape) -> int:
+    """The largest slot file kvlab reads for ``shape``: ``LIMITS.tokens`` tokens, and at most ``LIMITS.mib`` MiB."""
+    return min(slot_file_size(shape, LIMITS.tokens), LIMITS.mib * MIB)
 
 
 def write_slot_file(directory: str | os.PathLike[str], filename: str, data: SlotData) -> int:
-    """Write ``data`` to ``directory/filename`` (atomically); return the bytes written."""
-    path = _path(directory, filename)
+    """Write ``data`` to ``directory/filename`` atomically (``kvlab.server.save_dir.write_file``); return the bytes written."""
+    check_filename(filename)
     blob = encode_slot(data)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(blob)
-    os.replace(tmp, path)
-    return len(blob)
+    if len(blob) > LIMITS.mib * MIB:
+        raise InvalidArgumentError(
+            f"the slot file would be {len(blob):,} bytes, more than LIMITS.mib ({LIMITS.mib:,} MiB)"
+        )
+    return write_file(directory, filename, blob)
 
 
 def read_slot_file(directory: str | os.PathLike[str], filename: str, shape: ModelShape) -> SlotData:
-    """Read and check ``directory/filename`` for a model of ``shape``."""
-    path = _path(directory, filename)
-    if not path.is_file():
-        raise SlotFileError(f"no slot file {filename!r} in {str(path.parent)!r}")
-    return decode_slot(path.read_bytes(), shape)
+    """Read and check ``directory/filename`` for a model of ``shape`` (never following a symlink)."""
+    check_filename(filename)
+    _check_shape(shape)
+    return decode_slot(read_file(directory, filename, max_file_bytes(shape)), shape)
 
 
 @dataclass(frozen=True)
@@ -315,8 +370,11 @@ def save_slot(
     if not isinstance(server, SlotServer):
         raise InvalidArgumentError("server must be a kvlab.server.slots.SlotServer")
     tokens = server.slot_tokens(slot_id)
+    slot_id = check_int("slot_id", slot_id)
     if server.state().slots[slot_id].request_id is not None:
         raise SlotBusyError(f"slot {slot_id} is busy; save it when idle")
+    filename = check_filename(filename)
+    _check_shape(shape)
     keys, values = synthetic_kv(shape, tokens, seed=seed)
     n = write_slot_file(directory, filename, SlotData(shape, tokens, keys, values))
     return SlotActionResult(slot_id, filename, len(tokens), n, True)
@@ -334,6 +392,7 @@ def restore_slot(
     if not isinstance(server, SlotServer):
         raise InvalidArgumentError("server must be a kvlab.server.slots.SlotServer")
     server.slot_tokens(slot_id)  # validates the slot id
+    slot_id = check_int("slot_id", slot_id)
     if server.state().slots[slot_id].request_id is not None:
         raise SlotBusyError(f"slot {slot_id} is busy; restore it when idle")
     data = read_slot_file(directory, filename, shape)
@@ -390,8 +449,8 @@ def offload_estimate(
     gpu_efficiency: float = 0.5,
 ) -> OffloadEstimate:
     """Read time of the file against prefill at 2 FLOPs per parameter per token (defaults: the lesson's)."""
-    check_int("n_tokens", n_tokens, minimum=0)
-    check_int("bytes_per_token", bytes_per_token, minimum=1)
+    n_tokens = check_size("n_tokens", n_tokens, "tokens")
+    bytes_per_token = check_int("bytes_per_token", bytes_per_token, minimum=1, maximum=MAX_KV_BYTES_PER_TOKEN)
     for name, v in (
         ("n_params", n_params),
         ("read_bytes_per_s", read_bytes_per_s),
@@ -399,10 +458,12 @@ def offload_estimate(
         ("gpu_flops", gpu_flops),
         ("gpu_efficiency", gpu_efficiency),
     ):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-            raise InvalidArgumentError(f"{name} must be a positive number, got {brief(v)}")
-    if gpu_efficiency > 1:
-        raise InvalidArgumentError(f"gpu_efficiency is a fraction of peak (0 to 1], got {gpu_efficiency}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not _positive_finite(v):
+            raise InvalidArgumentError(f"{name} must be a positive, finite number, got {brief(v)}")
+    if float(gpu_efficiency) > 1:
+        raise InvalidArgumentError(
+            f"gpu_efficiency is a fraction of peak (0 to 1], got {brief(gpu_efficiency)}"
+        )
     return OffloadEstimate(
         n_tokens,
         bytes_per_token,
@@ -417,3 +478,11 @@ def offload_estimate(
 def _check_shape(shape: object) -> None:
     if not isinstance(shape, ModelShape):
         raise InvalidArgumentError(f"shape must be a ModelShape, got {type(shape).__name__}")
+
+
+def _positive_finite(v: float) -> bool:
+    try:
+        f = float(v)
+    except (OverflowError, ValueError):  # an int too large for a float
+        return False
+    return math.isfinite(f) and f > 0

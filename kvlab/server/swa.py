@@ -64,18 +64,31 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvlab.core.snapshots import EMPTY, Checkpoint, Event, HeldPositions, History, SwaState
-from kvlab.errors import InvalidArgumentError, KvlabError, cdiv, check_bool, check_int, check_tokens
-from kvlab.server.slots import common_prefix
+from kvlab.errors import (
+    LIMITS,
+    InvalidArgumentError,
+    KvlabError,
+    cdiv,
+    check_bool,
+    check_int,
+    check_size,
+)
+from kvlab.server.inputs import read_tokens
+from kvlab.server.slots import _lcp
 
 
 def swa_cache_cells(
     n_swa: int, n_ctx: int = 4096, n_ubatch: int = 512, n_seq: int = 1, *, swa_full: bool = False
 ) -> int:
-    """Cells of llama.cpp's SWA cache: pad256(min(n_ctx, n_swa * n_seq + n_ubatch)), or n_ctx with --swa-full."""
-    check_int("n_swa", n_swa, minimum=1)
-    check_int("n_ctx", n_ctx, minimum=1)
-    check_int("n_ubatch", n_ubatch, minimum=1)
-    check_int("n_seq", n_seq, minimum=1)
+    """Cells of llama.cpp's SWA cache: pad256(min(n_ctx, n_swa * n_seq + n_ubatch)), or n_ctx with --swa-full.
+
+    Sizes are bounded by ``LIMITS.tokens`` and the sequences by ``LIMITS.slots``.
+    """
+    n_swa = check_size("n_swa", n_swa, "tokens", minimum=1)
+    n_ctx = check_size("n_ctx", n_ctx, "tokens", minimum=1)
+    n_ubatch = check_size("n_ubatch", n_ubatch, "tokens", minimum=1)
+    n_seq = check_size("n_seq", n_seq, "slots", minimum=1)
+    check_bool("swa_full", swa_full)
     if swa_full:
         return n_ctx
     need = min(n_ctx, n_swa * n_seq + n_ubatch)
@@ -96,12 +109,18 @@ class SwaConfig:
     cache_prompt: bool = True
 
     def __post_init__(self) -> None:
-        check_int("n_swa", self.n_swa, minimum=1)
-        check_int("n_ctx", self.n_ctx, minimum=2)
-        check_int("n_ubatch", self.n_ubatch, minimum=1)
-        check_int("n_batch", self.n_batch, minimum=1)
-        check_int("ctx_checkpoints", self.ctx_checkpoints, minimum=0)
-        check_int("checkpoint_min_step", self.checkpoint_min_step, minimum=0)
+        """Sizes are bounded by ``LIMITS.tokens``, the checkpoint count by ``LIMITS.count``."""
+        for name, minimum in (
+            ("n_swa", 1),
+            ("n_ctx", 2),
+            ("n_ubatch", 1),
+            ("n_batch", 1),
+            ("checkpoint_min_step", 0),
+        ):
+            object.__setattr__(self, name, check_size(name, getattr(self, name), "tokens", minimum=minimum))
+        object.__setattr__(
+            self, "ctx_checkpoints", check_size("ctx_checkpoints", self.ctx_checkpoints, "count", minimum=0)
+        )
         check_bool("swa_full", self.swa_full)
         check_bool("cache_prompt", self.cache_prompt)
         if self.n_ubatch > self.n_batch:
@@ -147,8 +166,8 @@ class SwaRing(HeldPositions):
     """The SWA layers' cells, filled the way llama.cpp's ``find_slot`` fills them."""
 
     def __init__(self, size: int, n_swa: int) -> None:
-        check_int("size", size, minimum=1)
-        check_int("n_swa", n_swa, minimum=1)
+        size = check_size("size", size, "tokens", minimum=1)
+        n_swa = check_size("n_swa", n_swa, "tokens", minimum=1)
         self.cells = [EMPTY] * size
         self.head = 0
         self.n_swa = n_swa
@@ -159,6 +178,7 @@ class SwaRing(HeldPositions):
 
     def place(self, positions: Sequence[int]) -> None:
         """Store one ubatch: each position takes the next empty cell, or one that left the window."""
+        positions = read_tokens("positions", positions, limit=len(self.cells), allow_empty=True)
         n, size = len(positions), len(self.cells)
         limit = self.pos_max + 1  # cells are masked against what was cached before this ubatch
         head = 0 if self.head > self.used + 2 * n else self.head
@@ -180,6 +200,7 @@ class SwaRing(HeldPositions):
 
     def remove_from(self, p0: int) -> None:
         """``seq_rm(p0, end)``: free every cell at position >= p0; the head moves back to the first freed."""
+        p0 = check_int("p0", p0)
         first = None
         for i, p in enumerate(self.cells):
             if p != EMPTY and p >= p0:
@@ -191,7 +212,14 @@ class SwaRing(HeldPositions):
 
     def load(self, cells: Sequence[int]) -> None:
         """Restore a checkpoint: its positions, in order, from cell 0."""
+        cells = read_tokens("cells", cells, limit=len(self.cells), allow_empty=True, in_range=False)
         held = sorted(p for p in cells if p != EMPTY)
+        if any(p < 0 for p in held):
+            raise InvalidArgumentError(f"cells must hold positions >= 0 or EMPTY ({EMPTY})")
+        # llama_kv_cache::state_write skips SWA-masked cells: a checkpoint's data holds only the last
+        # n_swa positions, whatever pos_min it recorded (TAG_CHECKPOINTS_FIX_POS_MIN in the source)
+        if held:
+            held = [p for p in held if held[-1] - p < self.n_swa]
         self.cells = held + [EMPTY] * (len(self.cells) - len(held))
         self.head = len(held) % len(self.cells)
 
@@ -231,12 +259,12 @@ class SwaSlot:
         exactly the prompt.
         """
         cfg = self.config
-        toks = check_tokens("prompt", prompt)
-        check_int("max_tokens", max_tokens, minimum=0)
+        toks = read_tokens("prompt", prompt)
+        max_tokens = check_size("max_tokens", max_tokens, "tokens")
         if cache_prompt is None:
             cache_prompt = cfg.cache_prompt
         check_bool("cache_prompt", cache_prompt)
-        starts = check_tokens("user_starts", user_starts, allow_empty=True)
+        starts = read_tokens("user_starts", user_starts, allow_empty=True, in_range=False)
         if any(not 0 <= s < len(toks) for s in starts) or starts != sorted(set(starts)):
             raise InvalidArgumentError("user_starts must be increasing positions inside the prompt")
         if len(toks) >= cfg.n_ctx:
@@ -245,16 +273,47 @@ class SwaSlot:
         gen = (
             list(range(1000, 1000 + n_gen))
             if generated is None
-            else check_tokens("generated", generated, allow_empty=True)
+            else read_tokens("generated", generated, allow_empty=True)
         )
         if len(gen) > n_gen or (max_tokens > 0 and not gen):
             raise InvalidArgumentError(f"generated must hold 1 to {n_gen} tokens (max_tokens {max_tokens})")
+        # The work of one request is bounded: every ubatch and every sampled token visits the ring's
+        # cells, and every batch records a copy of them. Past LIMITS.total_tokens cell visits (134M,
+        # about a minute of pure Python) the request is refused before anything changes.
+        cells = len(self.ring.cells)
+        work = (
+            cdiv(len(toks), cfg.n_ubatch) + cdiv(len(toks), cfg.n_batch) + len(starts) + len(gen) + 4
+        ) * cells
+        if work > LIMITS.total_tokens:
+            raise InvalidArgumentError(
+                f"this request would visit about {work:,} ring cells ({cells:,} cells, n_ubatch {cfg.n_ubatch}, "
+                f"n_batch {cfg.n_batch}), more than LIMITS.total_tokens ({LIMITS.total_tokens:,}): use larger "
+                "batches, a smaller ring, or kvlab.errors.raised_limits(total_tokens=...)"
+            )
+        saved = (
+            list(self.ring.cells),
+            self.ring.head,
+            list(self.tokens),
+            list(self.checkpoints),
+            len(self.history),
+        )
+        try:
+            return self._serve(toks, starts, gen, cache_prompt)
+        except BaseException:  # a refusal halfway (the ring has no room) leaves the slot as it was
+            self.ring.cells, self.ring.head, self.tokens, self.checkpoints, steps = saved
+            del self.history.steps[steps:]
+            raise
 
+    def _serve(
+        self, toks: list[int], starts: list[int], gen: list[int], cache_prompt: bool
+    ) -> SwaRequestRecord:
+        cfg = self.config
         n = len(toks)
-        n_past = common_prefix(self.tokens, toks) if cache_prompt else 0
+        n_past = _lcp(self.tokens, toks) if cache_prompt else 0
         lcp = n_past
         pos_next = n_past
-        threshold = max(0, pos_next - cfg.n_swa - (0 if n_past < n else 1))
+        n_swa = 0 if cfg.swa_full else cfg.n_swa  # server-context.cpp: --swa-full keeps every position
+        threshold = max(0, pos_next - n_swa - (0 if n_past < n else 1))
         ring_min = self.ring.pos_min
         checks: list[CheckpointCheck] = []
         restored = None
@@ -386,16 +445,18 @@ class SwaSlot:
 def checkpoint_plan(
     n_tokens: int, config: SwaConfig | None = None, user_starts: Sequence[int] = ()
 ) -> list[Checkpoint]:
-    """Checkpoints an empty slot creates while processing an ``n_tokens`` prompt."""
-    check_int("n_tokens", n_tokens, minimum=1)
+    """Checkpoints an empty slot creates while processing an ``n_tokens`` prompt (shorter than ``n_ctx``)."""
+    n_tokens = check_size("n_tokens", n_tokens, "tokens", minimum=1)
     slot = SwaSlot(config)
+    if n_tokens >= slot.config.n_ctx:
+        raise InvalidArgumentError(f"the prompt has {n_tokens} tokens; the slot holds {slot.config.n_ctx}")
     return list(slot.complete(list(range(n_tokens)), max_tokens=0, user_starts=user_starts).created)
 
 
 def checkpoint_usable(checkpoint: Checkpoint, n_past: int, n_swa: int) -> bool:
     """The lesson's rule: ends at or before n_past, and starts below max(0, n_past - n_swa) or at 0."""
-    check_int("n_past", n_past, minimum=0)
-    check_int("n_swa", n_swa, minimum=1)
+    n_past = check_size("n_past", n_past, "tokens", minimum=0)
+    n_swa = check_size("n_swa", n_swa, "tokens", minimum=1)
     if not isinstance(checkpoint, Checkpoint):
         raise InvalidArgumentError("checkpoint must be a Checkpoint")
     threshold = max(0, n_past - n_swa)

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from kvlab.core.snapshots import History, Step
-from kvlab.errors import InvalidArgumentError, cdiv
+from kvlab.errors import LIMITS, InvalidArgumentError, brief, cdiv, check_int, check_optional_str
 from kvlab.views import theme
 from kvlab.views.text import caption
 from kvlab.views.theme import INK, TEMPLATE_NAME
@@ -69,9 +69,24 @@ def check_state(name: str, state: object, state_type: type) -> None:
 
 
 def check_title(title: object) -> str | None:
+    """A title (or caption) is None or a string, kept as plain text."""
     if title is not None and not isinstance(title, str):
         raise InvalidArgumentError(f"title must be a string or None, got {type(title).__name__}")
-    return title
+    return check_optional_str("title", title)
+
+
+MAX_FRAME_MS = 60_000
+"""Longest frame or step interval of an animation or stepper: a minute per step is already a pause."""
+
+
+def check_ms(name: str, value: object) -> int:
+    """A frame duration or play interval in ms: an int in 1..MAX_FRAME_MS."""
+    return check_int(name, value, minimum=1, maximum=MAX_FRAME_MS)
+
+
+def check_axis_max(name: str, value: object) -> int:
+    """An axis maximum in tokens: an int in 0..LIMITS.total_tokens (0 is drawn as 1)."""
+    return check_int(name, value, minimum=0, maximum=LIMITS.total_tokens)
 
 
 #: The narrowest figure the views are laid out for, in px: a notebook column beside a side panel, or
@@ -361,16 +376,24 @@ def field(record: object, *names: str, default: Any = ...) -> Any:
 
 
 def check_number(name: str, value: object) -> float:
+    """A finite number (int, float or a numpy number; not a bool) as a float."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         try:
             import numpy as np
 
-            if isinstance(value, (np.integer, np.floating)):
-                return float(value)
+            if isinstance(value, (np.integer, np.floating)) and not isinstance(value, np.bool_):
+                value = float(value)
         except ImportError:  # pragma: no cover
             pass
-        raise InvalidArgumentError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
-    return float(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidArgumentError(f"{name} must be a number, got {brief(value)} ({type(value).__name__})")
+    try:
+        number = float(value)
+    except OverflowError:  # an int too large for a float
+        raise InvalidArgumentError(f"{name} must be a finite number, got {brief(value)}") from None
+    if number != number or number in (float("inf"), float("-inf")):
+        raise InvalidArgumentError(f"{name} must be a finite number, got {brief(value)}")
+    return number
 
 
 # ---------------------------------------------------------------------- block-status cells (pool, tables, queue)

@@ -29,7 +29,7 @@ from kvlab.core.snapshots import AgentTurnsState, Event, History
 from kvlab.errors import InvalidArgumentError, check_int
 from kvlab.server.agents import AgentRun
 from kvlab.views import theme
-from kvlab.views._common import Spec, base_layout, check_title, steps_of, title_text
+from kvlab.views._common import Spec, base_layout, check_axis_max, check_title, steps_of, title_text
 from kvlab.views.animations import DEFAULT_FRAME_MS, animate, step_caption
 from kvlab.views.live import Stepper
 from kvlab.views.text import caption
@@ -169,10 +169,10 @@ def agent_turn_spec(
         prompt_max = max(prompts)
     if total_max is None:
         total_max = max(state.totals)
-    check_int("prompt_max", max(prompt_max, 1), minimum=1)
-    check_int("total_max", max(total_max, 1), minimum=1)
+    prompt_max = check_axis_max("prompt_max", prompt_max)
+    total_max = check_axis_max("total_max", total_max)
     if prefix_tokens is not None:
-        check_int("prefix_tokens", prefix_tokens, minimum=0)
+        prefix_tokens = check_axis_max("prefix_tokens", prefix_tokens)
     data = _turn_bars(state, prompt_max)
     shapes, annotations = _panel_marks(state, prefix_tokens)
     names = list(state.names)

@@ -14,9 +14,9 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from kvlab.errors import InvalidArgumentError, check_int
+from kvlab.errors import InvalidArgumentError
 from kvlab.views import registry
-from kvlab.views._common import Spec, check_title, legend_height, steps_of, title_lines
+from kvlab.views._common import Spec, check_ms, check_title, legend_height, steps_of, title_lines
 
 DEFAULT_FRAME_MS = 900
 # The controls sit under the legend, each on its own row: the play/pause buttons, then the slider (its
@@ -57,7 +57,7 @@ def animate(specs: list[Spec], captions: list[str], *, frame_ms: int = DEFAULT_F
     """A figure showing ``specs[0]`` with one frame per spec, a slider and play/pause buttons."""
     if not specs:
         raise InvalidArgumentError("nothing to animate: the history has no snapshots")
-    check_int("frame_ms", frame_ms, minimum=1)
+    frame_ms = check_ms("frame_ms", frame_ms)
     first = specs[0]
     layout = dict(first["layout"])
     # one plot area for every frame: the largest plot, the most room above and below it

@@ -22,7 +22,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from kvlab.core.snapshots import BlockPoolState, BlockState
-from kvlab.errors import InvalidArgumentError, UnknownRequestError, check_int
+from kvlab.errors import InvalidArgumentError, UnknownRequestError, brief, check_int, check_size
 from kvlab.views import theme
 from kvlab.views._common import (
     LABEL_WIDTH,
@@ -53,8 +53,9 @@ def grid_shape(num_blocks: int) -> tuple[int, int]:
     """(columns, rows) of the block grid: one row up to 12 blocks, then rows of 8, 16 or 32.
 
     Up to 64 blocks the rows hold 8, so that each cell is wide enough to name
-    its owner at the default figure width.
+    its owner at the default figure width. ``num_blocks`` is at most ``LIMITS.num_blocks``.
     """
+    num_blocks = check_size("num_blocks", num_blocks, "num_blocks")
     if num_blocks <= 12:
         cols = max(num_blocks, 1)
     elif num_blocks <= 64:
@@ -160,10 +161,10 @@ def _check_highlight(state: BlockPoolState, highlight: object) -> tuple[str, int
         return None
     if not isinstance(highlight, (tuple, list)) or len(highlight) != 2 or not isinstance(highlight[0], str):
         raise InvalidArgumentError(
-            f"highlight must be (request_id, token_position), e.g. ('A', 36); got {highlight!r}"
+            f"highlight must be (request_id, token_position), e.g. ('A', 36); got {brief(highlight)}"
         )
-    rid, pos = highlight
-    check_int("highlight position", pos, minimum=0)
+    rid, pos = str.__str__(highlight[0]), highlight[1]
+    pos = check_int("highlight position", pos, minimum=0)
     ids = [r for r, _ in state.tables]
     if rid not in ids:
         raise UnknownRequestError(

@@ -89,7 +89,7 @@ def _named_values(data: object, what: str) -> list[tuple[str, Any]]:
 
 def _hit_rate_of(name: str, value: object) -> float:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        rate = float(value)
+        rate = check_number(f"{name} hit rate", value)
     else:
         rate_field = field(value, "hit_rate", default=None)
         if rate_field is not None:

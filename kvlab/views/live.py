@@ -22,7 +22,7 @@ from plotly.basedatatypes import Undefined
 
 from kvlab.errors import InvalidArgumentError, check_int
 from kvlab.views import registry
-from kvlab.views._common import Spec, steps_of, title_lines
+from kvlab.views._common import Spec, check_ms, steps_of, title_lines
 from kvlab.views.animations import step_caption
 
 ViewFn = Callable[[Any, Any], Any]
@@ -151,7 +151,7 @@ class Stepper(widgets.VBox):
                 f"a history must hold one kind of snapshot, found {', '.join(sorted(k.__name__ for k in kinds))}"
             )
         state_type = kinds.pop()
-        check_int("interval_ms", interval_ms, minimum=1)
+        interval_ms = check_ms("interval_ms", interval_ms)
         self.steps = steps
         self.states = [s for _, s in steps]
         self.captions = [c for c, _ in steps]

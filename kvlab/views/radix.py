@@ -17,6 +17,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from kvlab.core.snapshots import RadixNodeState, RadixState
+from kvlab.errors import InvalidArgumentError, brief
 from kvlab.views import theme
 from kvlab.views._common import (
     Spec,
@@ -293,6 +294,7 @@ def radix_tree_figure(state: RadixState, *, title: str | None = None) -> go.Figu
 
 def radix_marks(state: RadixState, previous: RadixState | None = None) -> set[str]:
     """The marks a radix snapshot shows: a split, where a match ended, evicted runs."""
+    check_state("state", state, RadixState)
     found = {
         "split": state.split_nodes,
         "matched": state.matched_node is not None,
@@ -303,6 +305,7 @@ def radix_marks(state: RadixState, previous: RadixState | None = None) -> set[st
 
 def radix_extent(state: RadixState) -> tuple[int, int, int]:
     """(leaves, depth, evicted runs) of a radix snapshot: the room its figure needs."""
+    check_state("state", state, RadixState)
     leaves = depth = 0
     for d, node in state.root.walk():
         depth = max(depth, d)
@@ -312,6 +315,8 @@ def radix_extent(state: RadixState) -> tuple[int, int, int]:
 
 def radix_hints(states: Sequence[RadixState]) -> dict[str, Any]:
     """The room and the legend every frame of a history shares: the largest tree, every mark shown."""
+    if not isinstance(states, (list, tuple)) or not states:
+        raise InvalidArgumentError(f"states must be a non-empty list of RadixState, got {brief(states)}")
     extents = [radix_extent(s) for s in states]
     return {
         "extent": tuple(max(e[i] for e in extents) for i in range(3)),

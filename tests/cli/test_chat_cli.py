@@ -89,3 +89,27 @@ def test_bad_options_through_python_dash_m():
     )
     assert done.returncode == 2
     assert done.stderr.strip().startswith("kvlab chat: argument --turns") and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--turns", str(10**9)], "--turns: at most 1000"),
+        (["--max-tokens", str(10**12)], "--max-tokens: at most 4096"),
+        (["--threads", str(10**6)], "--threads: at most 1024"),
+        (["--block-size", str(10**15)], "too large"),
+        (["--system-tokens", str(10**12)], "at most 16000"),
+        (["--turns", "9" * 5000], "at most 20 digits"),
+        (["--max-tokens", "4.0"], "expected a whole number"),
+    ],
+)
+def test_absurd_options_exit_2_at_once_with_one_line(capsys, args, message):
+    import time
+
+    start = time.perf_counter()
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    assert time.perf_counter() - start < 1.0
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and len(err) < 300 and "Traceback" not in err

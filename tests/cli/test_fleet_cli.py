@@ -137,3 +137,37 @@ def test_dispatch_through_python_m_kvlab():
         [sys.executable, "-m", "kvlab", "fleet", "--replicas", "0"], capture_output=True, text=True
     )
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
+
+
+HUGE = "9" * 5000  # more digits than Python converts by default
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--system-tokens", str(10**12)], "LIMITS.tokens"),
+        (["--users", str(10**9)], "LIMITS.users"),
+        (["--turns", str(10**9)], "LIMITS.turns"),
+        (["--replicas", str(10**9)], "LIMITS.replicas"),
+        (["--users", "100000"], "LIMITS.total_tokens"),
+        (["--users", "2000", "--turns", "30"], "LIMITS.total_tokens"),
+        (["--block-size", str(10**9)], "LIMITS.block_size"),
+        (["--capacity-blocks", str(10**15)], "LIMITS.total_tokens"),
+        (["--engine", "--capacity-blocks", str(10**8)], "LIMITS.num_blocks"),
+        (["--engine", "--concurrent", str(10**15)], "LIMITS.slots"),
+        (["--engine", "--busy-blocks", str(10**15)], "LIMITS.num_blocks"),
+        (["--salt", "tenant", "--tenants", str(10**15)], "LIMITS.users"),
+        (["--users", HUGE], "at most 20 digits"),
+        (["--seed", "-" + HUGE], "at most 20 digits"),
+        (["--seed", str(10**19)], "seed must be at most"),
+    ],
+)
+def test_absurd_options_exit_2_at_once_with_one_line(capsys, argv, message):
+    import time
+
+    start = time.perf_counter()
+    code, out, err = run(capsys, *argv)
+    assert time.perf_counter() - start < 1.0, "an absurd option must be refused before any traffic is drawn"
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("kvlab fleet: error: ") and message in err
+    assert len(err) < 400 and "Traceback" not in err

@@ -110,9 +110,7 @@ def test_vllm_scheme_matches_reference(tokens, block_size, salt):
 
 
 @settings(max_examples=60, deadline=None)
-@given(
-    tokens=st.lists(st.integers(-(2**31), 2**31 - 1), max_size=40), block_size=st.integers(1, 9), salt=salt_st
-)
+@given(tokens=tokens_st, block_size=st.integers(1, 9), salt=salt_st)  # ids 0..MAX_TOKEN_ID, the one range
 def test_lesson_scheme_matches_reference(tokens, block_size, salt):
     assert block_hashes(tokens, block_size, salt=salt) == _lesson_reference(tokens, block_size, salt)
 
@@ -141,7 +139,8 @@ def test_an_edit_changes_its_block_and_every_later_one(tokens, data):
         ({"block_size": 4.0}, "block_size must be an integer"),
         ({"scheme": "md5"}, "unknown hash scheme 'md5'"),
         ({"salt": 7}, "salt must be a string or None"),
-        ({"tokens": [1, 2, 3, 2**31]}, "does not fit the lesson scheme"),
+        ({"tokens": [1, 2, 3, 2**31]}, r"tokens\[3\] = 2147483648 is not a token id"),
+        ({"tokens": [1, 2, 3, -5]}, r"tokens\[3\] = -5 is not a token id"),
     ],
 )
 def test_bad_input(kwargs, message):
@@ -151,8 +150,12 @@ def test_bad_input(kwargs, message):
         block_hashes(tokens, block_size, **args)
 
 
-def test_large_token_ids_fine_for_vllm_scheme():
-    tokens = [2**40, 1, 2, 3]
+def test_token_ids_have_one_range_in_both_schemes():
+    # ids are 0..MAX_TOKEN_ID everywhere (issue 11): the vLLM scheme no longer takes 2**40
+    for scheme in ("lesson", "vllm"):
+        with pytest.raises(InvalidArgumentError, match="is not a token id"):
+            block_hashes([2**40, 1, 2, 3], 4, scheme=scheme)
+    tokens = [2**31 - 1, 0, 2, 3]
     assert block_hashes(tokens, 4, scheme="vllm") == _vllm_reference(tokens, 4)
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hostile import hostile_values
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -558,6 +559,10 @@ class RadixMachine(RuleBasedStateMachine):
                 assert key == (plain if child.extra_key is None else (child.extra_key, plain))
         assert (tree.evictable_size, tree.protected_size) == (evictable, protected)
         assert tree.evictable_size + tree.protected_size == tree.snapshot().total_tokens
+        # the snapshot, rebuilt only where operations changed the tree, is the whole tree built afresh
+        fresh = fresh_root(tree)
+        assert tree.snapshot().root == fresh and repr(tree.snapshot().root) == repr(fresh)
+        assert hash(tree.snapshot().root) == hash(fresh)
         # every slot is held by exactly one token in the tree, and freed slots were freed once
         assert len(values) == len(set(values)) == tree.total_tokens
         assert set(values) == tree.allocator.in_use
@@ -594,3 +599,229 @@ def test_lazy_heap_matches_full_scans_on_a_long_random_trace():
             expected = oracle_evict(tree.snapshot(), n)
             assert tree.evict(n) == expected
         assert len(tree._heap) <= 4 * tree.num_nodes + 1024
+
+
+# ---------------------------------------------------------------------- deep trees: nothing recurses
+
+
+def deep_tree(depth: int, record: bool = False) -> RadixTree:
+    """A tree ``depth`` nodes deep, built by inserts: each one leaves the run one token higher up."""
+    tree = RadixTree(record=record)
+    tree.insert(list(range(depth + 1)))
+    for k in range(depth - 1, -1, -1):
+        tree.insert([*range(k), 10**6])  # splits the top run at k and hangs a leaf there
+    return tree
+
+
+def fresh_root(tree: RadixTree) -> RadixNodeState:
+    """The tree's root state built from scratch (no cached subtree), children before parents."""
+    order, stack = [], [tree.root]
+    while stack:
+        node = stack.pop()
+        order.append(node)
+        stack.extend(node.children.values())
+    built: dict[int, RadixNodeState] = {}
+    for node in reversed(order):
+        kids = tuple(built[c.node_id] for c in node.children.values())
+        built[node.node_id] = RadixNodeState(
+            node.node_id, node.key, node.lock_ref, node.last_access, kids, node.extra_key
+        )
+    return built[tree.root.node_id]
+
+
+def test_a_tree_5000_deep_snapshots_compares_hashes_prints_and_copies():
+    import copy
+    import dataclasses
+    import pickle
+
+    tree = deep_tree(5000)
+    state = tree.snapshot()
+    other = dataclasses.replace(state, root=fresh_root(tree))  # the same tree in objects of its own
+    assert max(d for d, _ in state.root.walk()) == 5000 and tree.num_nodes == 10_001
+    assert state == other and hash(state) == hash(other) and repr(state) == repr(other)
+    assert tree.snapshot().root is state.root  # nothing changed: the same snapshot objects
+    lines = format_tree(state).splitlines()
+    assert len(lines) == 10_000 and lines[0].startswith("[0] t=") and lines[1].startswith("  [1] t=")
+    assert " " * 128 + "(depth 5000) [4999, 5000]" in {line.split(" t=")[0] for line in lines}
+    assert max(map(len, lines)) < 160  # indentation stops at MAX_INDENT levels: the text grows with the nodes
+    assert copy.deepcopy(state) == state and copy.copy(state.root) is state.root
+    restored = pickle.loads(pickle.dumps(state))
+    assert restored == state and restored.root is not state.root and repr(restored) == repr(state)
+    assert repr(tree.match([0, 1, 2]).node).startswith("RadixNode(#")  # new access times down the path
+    assert tree.snapshot() != state and tree.snapshot().root != other.root
+    assert tree.snapshot().root == fresh_root(tree)
+    assert len(tree.evict(10**6)) == 10_000 and tree.num_nodes == 1 and tree.total_tokens == 0
+
+
+def test_node_state_repr_eq_and_hash_are_a_frozen_dataclass_s():
+    """The hand-written (iterative) methods say what the generated ones said."""
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class RadixNodeState:  # the generated methods, recursive, on a small tree
+        node_id: int
+        key: tuple[int, ...]
+        lock_ref: int
+        last_access: int
+        children: tuple = ()
+        extra_key: str | None = None
+
+    RadixNodeState.__qualname__ = "RadixNodeState"
+    tree = RadixTree(page_size=2)
+    for tokens, key in [([1, 2, 3, 4], None), ([1, 2, 5, 6], None), ([1, 2], "ns"), ([7, 8, 9, 9, 1], None)]:
+        tree.insert(tokens, key)
+    tree.lock(tree.match([1, 2, 5, 6]).node)
+    tree.match([7, 8])  # splits [7, 8, 9, 9]: a node with one child
+    ours = tree.snapshot().root
+
+    def mirror(node):
+        return RadixNodeState(
+            node.node_id,
+            node.key,
+            node.lock_ref,
+            node.last_access,
+            tuple(map(mirror, node.children)),
+            node.extra_key,
+        )
+
+    assert repr(ours) == repr(mirror(ours))
+    one_child = ours.children[2]
+    assert len(one_child.children) == 1  # its children print as a tuple of one: "(x,)"
+    assert repr(one_child) == repr(mirror(one_child))
+    for field in ("node_id", "key", "lock_ref", "last_access", "extra_key"):
+        import dataclasses
+
+        leaf = ours.children[0].children[0]
+        changed = dataclasses.replace(leaf, **{field: "x"})
+        assert changed != leaf and leaf == dataclasses.replace(leaf)
+    assert ours != 5 and ours.__eq__(5) is NotImplemented
+    assert len({hash(s.root) for s in [tree.snapshot(), RadixTree().snapshot()]}) == 2
+
+
+def test_snapshots_share_what_an_operation_did_not_touch():
+    """Recording costs one path per op, not the whole tree: the other subtrees are the same objects."""
+    tree = RadixTree(record=True)
+    for k in range(200):
+        tree.insert([k, 1000 + k, 2000 + k])
+    before = tree.snapshot()
+    upper = tree.match([7, 1007]).node  # splits [7, 1007, 2007]
+    tree.lock(upper)
+    after = tree.snapshot()
+    assert after.root == fresh_root(tree)
+    olds = {id(n) for _, n in before.root.walk()}
+    rebuilt = [n for _, n in after.root.walk() if id(n) not in olds]
+    assert sorted(n.node_id for n in rebuilt) == [0, find(tree, (2007,)).node_id, upper.node_id]
+    assert tree.history is not None and tree.history[-3].state == before  # history kept its own snapshots
+    tree.evict(10**6)
+    assert tree.snapshot().root == fresh_root(tree) and tree.history[-4].state == before
+
+
+# ---------------------------------------------------------------------- hostile input, every public method
+
+
+HOSTILE = settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+
+
+def a_tree() -> tuple[RadixTree, dict[str, RadixNode]]:
+    tree = RadixTree(record=True)
+    tree.insert([1, 2, 3])
+    gone = tree.match([1, 2, 3]).node
+    tree.insert([4, 5])
+    tree.evict(1)
+    tree.insert([1, 2, 7, 8])
+    locked = tree.match([1, 2, 7]).node
+    tree.lock(locked)
+    return tree, {"gone": gone, "locked": locked, "free": tree.match([4, 5]).node}
+
+
+def either_refused(refuses, tree: RadixTree, call) -> None:
+    """``call`` on a hostile value: accepted (a value that happens to be valid) or refused, changing nothing."""
+    probe = unchanged_probe(tree)
+    try:
+        refuses(tree, call, KvlabError)
+    except pytest.fail.Exception:
+        return  # it was accepted: the value was a valid one
+    assert unchanged_probe(tree) == probe  # the clock and the allocator too
+
+
+@HOSTILE
+@given(value=hostile_values())
+def test_hostile_values_in_every_argument(refuses, value):
+    tree, handles = a_tree()
+    for call in (
+        lambda t: t.insert(value),
+        lambda t: t.insert([1, 2], extra_key=value),
+        lambda t: t.match(value),
+        lambda t: t.match([1, 2], extra_key=value),
+        lambda t: t.lock(value),
+        lambda t: t.unlock(value),
+        lambda t: t.evict(value),
+    ):
+        either_refused(refuses, tree, call)
+    for kwargs in ({"page_size": value}, {"record": value}):
+        try:
+            RadixTree(**kwargs)
+        except KvlabError as exc:
+            assert str(exc)
+
+
+class LooksLikeANode:
+    """Claims to be a RadixNode (isinstance says yes) and to belong to any tree."""
+
+    __class__ = RadixNode  # type: ignore[assignment]
+
+    def __init__(self, tree: RadixTree) -> None:
+        self.tree, self.alive, self.parent, self.key, self.lock_ref = tree, True, None, (), 5
+
+
+class TokenList(list):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("call", "words"),
+    [
+        (lambda t, h: t.insert([1, -1]), r"tokens\[1\] = -1 is not a token id"),
+        (lambda t, h: t.insert([2**31]), "not a token id"),
+        (lambda t, h: t.match([10**30, 1]), "not a token id"),
+        (lambda t, h: t.match([1, 2], extra_key=type("S", (str,), {})("ns")), "extra_key must be a string"),
+        (lambda t, h: t.lock(RadixTree().match([1]).node), "another RadixTree"),
+        (lambda t, h: t.unlock(LooksLikeANode(t)), "takes a node returned by match"),
+        (lambda t, h: t.lock(h["gone"]), "evicted"),
+        (lambda t, h: t.unlock(h["free"]), "not locked"),
+        (lambda t, h: t.evict(1 << 27 + 1), "LIMITS.total_tokens"),
+        (lambda t, h: t.evict(-3), "at least 0"),
+    ],
+)
+def test_refused_calls_say_why_and_change_nothing(refuses, call, words):
+    tree, handles = a_tree()
+    probe = unchanged_probe(tree)
+    refuses(tree, lambda t: call(t, handles), KvlabError, words)
+    assert unchanged_probe(tree) == probe
+
+
+def test_token_list_subclasses_are_read_as_plain_lists():
+    tree = RadixTree()
+    assert tree.insert(TokenList([1, 2])) == 0 and tree.match((1, 2)).matched_len == 2
+
+
+def test_sizes_are_bounded_by_the_limits(refuses):
+    from kvlab.errors import LIMITS, raised_limits
+
+    with pytest.raises(InvalidArgumentError, match="LIMITS.block_size"):
+        RadixTree(page_size=LIMITS.block_size + 1)
+    assert RadixTree(page_size=LIMITS.block_size).page_size == LIMITS.block_size
+    tree, _ = a_tree()
+    with raised_limits(tokens=4):
+        refuses(tree, lambda t: t.insert([1, 2, 3, 4, 5]), KvlabError, "LIMITS.tokens")
+        refuses(tree, lambda t: t.match(range(5)), KvlabError, "LIMITS.tokens")
+        assert tree.insert([9, 9, 9, 9]) == 0
+    with raised_limits(total_tokens=tree.total_tokens + 2):
+        refuses(tree, lambda t: t.insert([6, 6, 6]), KvlabError, "LIMITS.total_tokens")
+        assert tree.insert([6, 6]) == 0
+    with raised_limits(total_tokens=1 << 40):
+        assert tree.evict((1 << 27) + 1) and tree.total_tokens == tree.protected_size

@@ -90,7 +90,9 @@ def test_created_and_restored_checkpoints_are_marked(chat):
     assert bars(taken, "batch decoded") == [("batch decoded", 345, 1284, "[345, 1284)")]
     restored = swa_spec(steps[7].state)
     assert bars(restored, "checkpoint restored") == [("checkpoint 1", 0, 345, "[0, 344]")]
-    assert bars(restored, "positions the SWA cells") == [("SWA cells cover", 0, 344, "[0, 343]")]
+    # the checkpoint says [0, 344], but its data held only the last n_swa positions (llama.cpp's
+    # state_write skips masked cells), so after the restore the cells cover [217, 343]
+    assert bars(restored, "positions the SWA cells") == [("SWA cells cover", 217, 344, "[217, 343]")]
 
 
 def test_the_animation_has_one_frame_per_step_on_fixed_axes(ex12):

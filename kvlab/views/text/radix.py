@@ -8,18 +8,34 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvlab.core.snapshots import Event, RadixState
+from kvlab.errors import InvalidArgumentError
 from kvlab.views.text import describes
+
+#: Levels of indentation ``format_tree`` draws; a deeper node is drawn at this indentation with its depth
+#: written out. A tree is as deep as its prompts are long, and indenting every level of a tree 50,000
+#: deep would print gigabytes (depth x nodes spaces); 64 levels are past any tree one reads by eye.
+MAX_INDENT = 64
 
 
 def format_tree(state: RadixState) -> str:
-    """The tree as indented lines, like the lesson prints it: run, 'locked', access time."""
+    """The tree as indented lines, like the lesson prints it: run, 'locked', access time.
+
+    Two spaces per level, up to ``MAX_INDENT`` levels; a node deeper than that starts with
+    ``(depth N)`` at the deepest indentation, so the text stays proportional to the tree's size.
+    """
+    if not isinstance(state, RadixState):
+        raise InvalidArgumentError(
+            f"format_tree takes a kvlab.core.snapshots.RadixState, got {type(state).__name__}; "
+            "take one with RadixTree.snapshot() or from its history"
+        )
     lines = []
     for depth, node in state.root.walk():
         if depth == 0:
             continue
         ns = f" extra_key={node.extra_key!r}" if node.extra_key is not None else ""
         locked = " locked" if node.lock_ref > 0 else ""
-        lines.append(f"{'  ' * (depth - 1)}{list(node.key)}{ns}{locked} t={node.last_access}")
+        indent = "  " * (depth - 1) if depth <= MAX_INDENT else "  " * MAX_INDENT + f"(depth {depth}) "
+        lines.append(f"{indent}{list(node.key)}{ns}{locked} t={node.last_access}")
     return "\n".join(lines)
 
 

@@ -35,3 +35,11 @@ def _restore(event: Event) -> str:
 @describes("slots.erase")
 def _erase(event: Event) -> str:
     return f"slot {event['slot_id']} erased ({event['n_tokens']} tokens)"
+
+
+@describes("slots.refuse")
+def _refuse(e: Event) -> str:
+    return (
+        f"{e['request_id']} refused on slot {e['slot_id']}: {e['prompt_tokens']} tokens do not fit "
+        f"n_ctx {e['n_ctx']} (the slot was chosen and released first)"
+    )
