@@ -30,10 +30,17 @@ the whole prompt is cached (``has_new_tokens``, PR 24110). Older versions used
 ``pos_min > threshold``. The two differ whenever the ring's oldest position equals
 the threshold (after the lesson's 1,841-token prompt, reusing 1,201 tokens is
 forced with ``>=`` and allowed with ``>``), and for a reuse point inside the first
-``n_swa`` tokens (threshold 0), where a ring that still starts at position 0 --
-even a ``--swa-full`` one -- triggers the search, and without a checkpoint
-ending by then the prompt is processed from the start. The lesson's figures do
-not depend on it.
+``n_swa`` tokens (threshold 0), where a ring that still starts at position 0
+triggers the search, and without a checkpoint ending by then the prompt is
+processed from the start. The lesson's figures do not depend on it. With
+``--swa-full`` the server uses a window of 0 for the threshold (``n_swa =
+swa_full ? 0 : llama_model_n_swa``), so the threshold is the reuse point itself
+and no search happens (checked against a real server, llama.cpp 0c1e57098).
+
+A restored checkpoint holds only its last ``n_swa`` positions: the server's
+``llama_kv_cache::state_write`` skips masked cells, although the checkpoint
+records the ring's whole ``pos_min`` (the source's ``TAG_CHECKPOINTS_FIX_POS_MIN``).
+``SwaRing.load`` keeps just those, as the real cache does after a restore.
 
 Where checkpoints come from (same file, the prompt loop): the prompt is cut into
 batches of at most ``n_batch`` tokens, and a batch also ends so that the last
