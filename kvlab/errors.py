@@ -79,7 +79,9 @@ class Limits:
     turns: int = 10_000  # turns per user or conversation
     replicas: int = 4096  # replicas in a fleet
     count: int = 1 << 20  # items a generator draws (request lengths, random ops)
-    mib: int = 1 << 20  # MiB of a cache or file (1 TiB)
+    mib: int = 1 << 20  # MiB of a simulated cache or file (1 TiB: simulated, never allocated)
+    memory_mib: int = 4096  # MiB of real arrays kvlab allocates at once (slot-file KV, tensors)
+    record_numbers: int = 1 << 26  # numbers in a full replay's records (~400 MB of JSON): past it, --changes
     ops: int = 1_000_000  # operations in one scenario
     scenario_bytes: int = 256 << 20  # bytes of one scenario file
     json_depth: int = 64  # nesting of a scenario's JSON

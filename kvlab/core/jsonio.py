@@ -40,7 +40,7 @@ import re
 from collections.abc import Iterator
 from typing import IO, Any
 
-from kvlab.errors import LIMITS, KvlabError, ScenarioError
+from kvlab.errors import LIMITS, InvalidArgumentError, KvlabError, ScenarioError, brief
 
 __all__ = ["dumps", "iter_json", "read_json", "read_limited", "write_json"]
 
@@ -185,7 +185,7 @@ def _key(key: object) -> str:
         return _encode_str(key)
     if isinstance(key, (int, float)) or key is None:  # bool is an int: "true" / "false", as json writes
         return _encode_str(json.dumps(key))
-    raise TypeError(f"keys must be str, int, float, bool or None, not {type(key).__name__}")
+    raise InvalidArgumentError(f"JSON keys must be str, int, float, bool or None, not {type(key).__name__}")
 
 
 _C_DEPTH = 100  # a container at most this deep goes to the C encoder whole: far below any recursion limit
@@ -214,7 +214,9 @@ def _tall(obj: Any) -> set[int]:
             open_ids.add(id(value))
             for kid in kids:
                 if id(kid) in open_ids:
-                    raise ValueError("Circular reference detected")
+                    raise InvalidArgumentError(
+                        "Circular reference detected: a value that contains itself cannot be written as JSON"
+                    )
                 if id(kid) not in height:
                     stack.append((kid, None))
             continue
@@ -224,6 +226,16 @@ def _tall(obj: Any) -> set[int]:
     return {ident for ident, h in height.items() if h > _C_DEPTH}
 
 
+def _c_dumps(value: Any) -> str:
+    """``json.dumps`` (the C encoder), with kvlab's errors: NaN and infinities are not JSON."""
+    try:
+        return json.dumps(value, allow_nan=False)
+    except ValueError as exc:
+        raise InvalidArgumentError(f"{brief(value)} cannot be written as JSON: {exc}") from None
+    except TypeError as exc:
+        raise InvalidArgumentError(f"{brief(value)} cannot be written as JSON: {exc}") from None
+
+
 def iter_json(obj: Any) -> Iterator[str]:
     """The pieces of ``json.dumps(obj)``, in order, produced with an explicit stack (no recursion).
 
@@ -231,7 +243,7 @@ def iter_json(obj: Any) -> Iterator[str]:
     encoder, its recursion bounded by that depth); only the deeper ones are opened here.
     """
     if isinstance(obj, _CONTAINERS) and not any(map(_children, _children(obj))):
-        yield json.dumps(obj)  # the usual record: two levels at most, no measuring pass needed
+        yield _c_dumps(obj)  # the usual record: two levels at most, no measuring pass needed
         return
     tall = _tall(obj)
     stack: list[tuple[Iterator[Any], bool, str]] = []  # (items, is a dict, closing bracket)
@@ -249,9 +261,9 @@ def iter_json(obj: Any) -> Iterator[str]:
         elif type(value) is int:
             yield int.__repr__(value)
         elif isinstance(value, (_CONTAINERS, _SCALARS)):
-            yield json.dumps(value)
+            yield _c_dumps(value)
         else:
-            raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+            raise InvalidArgumentError(f"an object of type {type(value).__name__} cannot be written as JSON")
         while stack:  # close what is finished, then step to the next item
             items, is_dict, closing = stack[-1]
             item = next(items, _DONE)

@@ -47,8 +47,8 @@ class Outcome(NamedTuple):
 
 def module(model: str) -> ModuleType:
     """The scenario module of ``model`` (one of ``MODULES``)."""
-    if model not in MODULES:
-        raise ScenarioError(f"unknown model {model!r}: use one of {', '.join(MODULES)}")
+    if type(model) is not str or model not in MODULES:
+        raise ScenarioError(f"unknown model {brief(model)}: use one of {', '.join(MODULES)}")
     return importlib.import_module(MODULES[model])
 
 

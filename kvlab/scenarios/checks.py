@@ -13,7 +13,15 @@ from collections.abc import Callable, Container, Sequence
 from typing import Any, Protocol
 
 from kvlab.core.hashing import SCHEMES
-from kvlab.errors import MAX_TOKEN_ID, InvalidArgumentError, KvlabError, ScenarioError, brief, check_size
+from kvlab.errors import (
+    LIMITS,
+    MAX_TOKEN_ID,
+    InvalidArgumentError,
+    KvlabError,
+    ScenarioError,
+    brief,
+    check_size,
+)
 from kvlab.scenarios import Outcome, check_num_ops
 
 OpFields = dict[str, tuple[set[str], set[str]]]  # op -> (required fields, optional fields)
@@ -26,7 +34,22 @@ class _Run(Protocol):
 def replay_ops(run: _Run, ops: Any) -> list[dict[str, Any]]:
     """Every op's record from ``run``, in order (the config was checked first, when ``run`` was built)."""
     check_ops(ops)
-    return [run.apply(op, index).record for index, op in enumerate(ops)]
+    records, numbers = [], 0
+    for index, op in enumerate(ops):
+        records.append(run.apply(op, index).record)
+        numbers += _state_numbers(run.model)
+        if numbers > LIMITS.record_numbers:
+            raise ScenarioError(
+                f"full records would hold more than {LIMITS.record_numbers:,} numbers (each repeats the whole "
+                "free queue or tree): replay with --changes, whose output grows with the ops only",
+                index,
+            )
+    return records
+
+
+def _state_numbers(model: Any) -> int:
+    """About how many numbers one full record repeats: the pool's blocks or the tree's nodes."""
+    return getattr(model, "num_blocks", None) or getattr(model, "num_nodes", 0)
 
 
 def check_ops(ops: Any) -> None:

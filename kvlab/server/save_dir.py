@@ -113,7 +113,7 @@ def check_directory(directory: object) -> Path:
     try:
         d = Path(directory)
         ok = d.is_dir()
-    except (OSError, ValueError, TypeError) as exc:  # a NUL in the path, a PathLike that lies
+    except Exception as exc:  # a NUL in the path, a PathLike that lies or raises
         raise InvalidArgumentError(f"directory {brief(directory)} is not a usable path: {exc}") from None
     if not ok:
         raise InvalidArgumentError(f"the slot save directory {brief(str(d))} does not exist; create it first")

@@ -182,11 +182,14 @@ def synthetic_kv(shape: ModelShape, tokens: Sequence[int], *, seed: int = 0) -> 
     _check_shape(shape)
     toks = np.asarray(read_tokens("tokens", tokens, allow_empty=True), dtype=np.int64)
     seed = check_int("seed", seed, minimum=0, maximum=MAX_SEED)
-    work = len(toks) * shape.kv_bytes_per_token // shape.itemsize * 8  # float64 rows before the cast
-    if work > LIMITS.mib * MIB:
+    rows = len(toks) * shape.kv_bytes_per_token // shape.itemsize * 8  # float64 rows before the cast
+    table = 2 * shape.n_layers * 257 * shape.n_kv_heads * shape.head_dim * 8  # the random table
+    work = 2 * rows + table  # the rows and their cosine-scaled copy, plus the table
+    if work > LIMITS.memory_mib * MIB:
         raise InvalidArgumentError(
             f"{len(toks):,} tokens of this shape need {work // MIB:,} MiB of working memory, more than "
-            f"LIMITS.mib ({LIMITS.mib:,}); use fewer tokens or kvlab.errors.raised_limits(mib=...)"
+            f"LIMITS.memory_mib ({LIMITS.memory_mib:,}); use fewer tokens or a smaller shape, or "
+            f"kvlab.errors.raised_limits(memory_mib=...)"
         )
     rng = np.random.default_rng(seed)
     table = rng.standard_normal((2, shape.n_layers, 257, shape.n_kv_heads, shape.head_dim))
