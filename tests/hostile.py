@@ -9,8 +9,15 @@ numpy arrays and scalars, deeply nested lists, strings of odd encodings, and obj
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
+import pytest
 from hypothesis import strategies as st
+
+from kvlab.errors import KvlabError
 
 
 class AlwaysEqual:
@@ -105,3 +112,41 @@ deep = st.sampled_from([50, 2_000, 100_000]).map(nested_list)
 def hostile_values() -> st.SearchStrategy:
     """Anything a hostile user might pass where kvlab expects a plain value."""
     return st.one_of(huge_ints, odd_floats, numpy_values, wrong_types, deep, liars)
+
+
+# ---------------------------------------------------------------- assertions the hostile tests share
+
+
+def kvlab_or_ok(call: Callable[[], Any]) -> bool:
+    """``call()`` works (True) or is refused with kvlab's own error, which says something (False)."""
+    try:
+        call()
+    except KvlabError as exc:
+        assert str(exc)
+        return False
+    return True
+
+
+def _fingerprint(model: Any) -> tuple[Any, int | None]:
+    """The model's whole state and history length, as the ``refuses`` fixture of tests/conftest.py takes them."""
+    state = model.snapshot() if hasattr(model, "snapshot") else model.state()
+    history = getattr(model, "history", None)
+    return state, (len(history) if history is not None else None)
+
+
+def refused_or_ok(model: Any, call: Callable[[Any], Any]) -> None:
+    """``call(model)`` works, or is refused with KvlabError and changes nothing."""
+    before = _fingerprint(model)
+    try:
+        call(model)
+    except KvlabError as exc:
+        assert str(exc)
+        assert _fingerprint(model) == before, "a refused call changed the model"
+
+
+def quick_refusal(call: Callable[[], Any], match: str) -> None:
+    """An absurd size is refused without first doing the work (a guard against hangs, generous on a loaded machine)."""
+    start = time.process_time()
+    with pytest.raises(KvlabError, match=match):
+        call()
+    assert time.process_time() - start < 10.0, "an absurd size must be refused before any work"

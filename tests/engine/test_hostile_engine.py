@@ -7,13 +7,12 @@ get values from ``tests/hostile.py``; a refused ``generate`` uses up no request 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
 import numpy as np
 import pytest
-from hostile import AlwaysEqual, hostile_values
+from hostile import AlwaysEqual, hostile_values, kvlab_or_ok
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -34,15 +33,6 @@ SMALL = {
     "ffn_dim": 16,
     "embedding_rows": 64,
 }
-
-
-def kvlab_or_ok(call: Callable[[], Any]) -> bool:
-    try:
-        call()
-    except KvlabError as exc:
-        assert str(exc)
-        return False
-    return True
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hostile import AlwaysEqual, hostile_values
+from hostile import AlwaysEqual, hostile_values, kvlab_or_ok
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -35,15 +35,6 @@ from kvlab.fleet.traffic import max_traffic_tokens, prompt_lengths, prompts_and_
 FAST = settings(max_examples=30, deadline=None)
 TINY = {"users": 3, "turns": 2, "system_tokens": 20, "capacity_blocks": 50}
 FIELDS = [f.name for f in fields(FleetConfig)]
-
-
-def kvlab_or_ok(call: Callable[[], Any]) -> bool:
-    try:
-        call()
-    except KvlabError as exc:
-        assert str(exc)
-        return False
-    return True
 
 
 def quick_refusal(call: Callable[[], Any], match: str) -> None:

@@ -8,13 +8,11 @@ snapshot and history exactly as they were. Absurd sizes are refused at once, nam
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
-from hostile import AlwaysEqual, BadRepr, hostile_values
+from hostile import AlwaysEqual, BadRepr, hostile_values, kvlab_or_ok, quick_refusal, refused_or_ok
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -26,39 +24,6 @@ from kvlab.models.paged import BlockPool
 from kvlab.models.prefix_cache import PrefixCache
 
 FAST = settings(max_examples=40, deadline=None)
-
-
-def _fingerprint(model: Any) -> tuple[Any, int | None]:
-    """The model's whole state and history length, as the ``refuses`` fixture of tests/conftest.py takes them."""
-    state = model.snapshot() if hasattr(model, "snapshot") else model.state()
-    history = getattr(model, "history", None)
-    return state, (len(history) if history is not None else None)
-
-
-def kvlab_or_ok(call: Callable[[], Any]) -> bool:
-    try:
-        call()
-    except KvlabError as exc:
-        assert str(exc)
-        return False
-    return True
-
-
-def refused_or_ok(model: Any, call: Callable[[Any], Any]) -> None:
-    """``call(model)`` works, or is refused with KvlabError and changes nothing."""
-    before = _fingerprint(model)
-    try:
-        call(model)
-    except KvlabError as exc:
-        assert str(exc)
-        assert _fingerprint(model) == before, "a refused call changed the model"
-
-
-def quick_refusal(call: Callable[[], Any], match: str) -> None:
-    start = time.perf_counter()
-    with pytest.raises(KvlabError, match=match):
-        call()
-    assert time.perf_counter() - start < 1.0, "an absurd size must be refused at once"
 
 
 # ---------------------------------------------------------------- absurd sizes, refused at once

@@ -6,11 +6,8 @@ it draws, or refuses with ``KvlabError``; never a TypeError from plotly or a rep
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import pytest
-from hostile import BadRepr, hostile_values
+from hostile import BadRepr, hostile_values, kvlab_or_ok
 from hypothesis import given, settings
 
 from kvlab.core import hashing
@@ -30,15 +27,6 @@ from kvlab.views._common import check_number, check_title
 from kvlab.views.block_pool import grid_shape
 
 FAST = settings(max_examples=20, deadline=None)
-
-
-def kvlab_or_ok(call: Callable[[], Any]) -> bool:
-    try:
-        call()
-    except KvlabError as exc:
-        assert str(exc)
-        return False
-    return True
 
 
 def _pool_state():
