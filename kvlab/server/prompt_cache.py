@@ -24,7 +24,8 @@ from collections.abc import Sequence
 from kvlab.core.snapshots import RamEntry
 
 
-def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
+    """Longest common prefix of two checked token lists (``kvlab.server.slots.common_prefix`` checks them)."""
     n = min(len(a), len(b))
     i = 0
     while i < n and a[i] == b[i]:
@@ -48,12 +49,12 @@ class PromptCache:
         if not tokens:
             return False
         toks = tuple(tokens)
-        if any(common_prefix_len(e.tokens, toks) == len(toks) for e in self.entries):
+        if any(_lcp(e.tokens, toks) == len(toks) for e in self.entries):
             return False  # already in the cache
         size = len(toks) * self.state_bytes_per_token
         if self.limit_bytes > 0 and size > self.limit_bytes:
             return False  # over the whole limit: skipped, the cache is not disturbed
-        self.entries = [e for e in self.entries if common_prefix_len(e.tokens, toks) != len(e.tokens)]
+        self.entries = [e for e in self.entries if _lcp(e.tokens, toks) != len(e.tokens)]
         if self.limit_bytes > 0:
             while self.entries and self.size() + size > self.limit_bytes:
                 self.entries.pop(0)  # make room first
@@ -62,12 +63,12 @@ class PromptCache:
 
     def load(self, slot_tokens: Sequence[int], prompt: Sequence[int]) -> list[int] | None:
         """``server_prompt_cache::load``: the tokens of the entry to move into the slot, or None."""
-        lcp = common_prefix_len(slot_tokens, prompt)
+        lcp = _lcp(slot_tokens, prompt)
         f_keep_best = lcp / len(slot_tokens) if slot_tokens else -1.0  # an empty slot: any entry wins
         sim_best = lcp / len(prompt)
         best = None
         for i, e in enumerate(self.entries):
-            lcp_cur = common_prefix_len(e.tokens, prompt)
+            lcp_cur = _lcp(e.tokens, prompt)
             f_keep_cur = lcp_cur / len(e.tokens)
             sim_cur = lcp_cur / len(prompt)
             if f_keep_cur < 0.25:  # don't trash large prompts

@@ -64,7 +64,7 @@ from kvlab.errors import (
     check_size,
 )
 from kvlab.server.inputs import call_user, read_tokens
-from kvlab.server.prompt_cache import PromptCache
+from kvlab.server.prompt_cache import PromptCache, _lcp
 
 MIB = 1 << 20
 DEFAULT_CACHE_RAM_MIB = 8192
@@ -80,14 +80,6 @@ MAX_REQUEST_ID_CHARS = 1024
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix of two token lists (ids 0..MAX_TOKEN_ID, at most ``LIMITS.tokens`` each)."""
     return _lcp(read_tokens("a", a, allow_empty=True), read_tokens("b", b, allow_empty=True))
-
-
-def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def default_reply(prompt: Sequence[int], n: int) -> list[int]:
