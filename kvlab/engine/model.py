@@ -87,12 +87,10 @@ class ModelConfig:
             )
         for name in ("rope_theta", "norm_eps"):
             value = getattr(self, name)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or not math.isfinite(value)
-                or value <= 0
-            ):
+            ok = not isinstance(value, bool) and isinstance(value, (int, float))
+            if ok and isinstance(value, int):
+                ok = 0 < value < 2**53  # a huge int would overflow the float the model computes with
+            if not ok or not math.isfinite(value) or value <= 0:
                 raise InvalidArgumentError(f"{name} must be a positive finite number, got {brief(value)}")
         params = (
             self.embedding_rows * self.d_model

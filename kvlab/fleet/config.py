@@ -148,6 +148,8 @@ def salt_of(config: FleetConfig, user: int) -> str | None:
 
 def check_user(config: FleetConfig, user: object) -> int:
     """A user number of ``config``: 0..users - 1."""
-    from kvlab.errors import check_int
+    from kvlab.errors import InvalidArgumentError, check_int
 
+    if not isinstance(config, FleetConfig):
+        raise InvalidArgumentError(f"config must be a FleetConfig, got {type(config).__name__}")
     return check_int("user", user, minimum=0, maximum=config.users - 1)

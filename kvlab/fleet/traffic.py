@@ -50,7 +50,7 @@ def encode_tokens(tokens: Sequence[int]) -> bytes:
     """Tokens (ids 0..MAX_TOKEN_ID) as the bytes chains read: ``TOKEN_BYTES`` per token, native order."""
     try:
         data = array("i", tokens)
-    except (TypeError, OverflowError, ValueError):
+    except Exception:  # not ints, out of range, or an iterable that raises
         raise InvalidArgumentError(
             f"tokens must be a list of integer token ids 0..{MAX_TOKEN_ID}, got {brief(tokens)}"
         ) from None
@@ -70,6 +70,8 @@ def max_traffic_tokens(users: int, turns: int, system_tokens: int) -> int:
     ``turns`` turns total ``turns * (system + 602) + 602 * turns * (turns - 1) / 2``. Computed from
     the sizes alone, before anything is drawn.
     """
+    for name, value in (("users", users), ("turns", turns), ("system_tokens", system_tokens)):
+        check_int(name, value, minimum=0)
     per_turn = HEADER_TOKENS + MESSAGE_TOKENS[1] + ANSWER_TOKENS[1]
     return users * (turns * (system_tokens + per_turn) + per_turn * turns * (turns - 1) // 2)
 

@@ -60,6 +60,12 @@ class FreeBlockQueue:
     def __init__(self, blocks: Sequence[Block]) -> None:
         if isinstance(blocks, (str, bytes)) or not hasattr(blocks, "__len__"):
             raise InvalidArgumentError(f"blocks must be a list of Block, got {type(blocks).__name__}")
+        try:
+            blocks = list(blocks)
+        except Exception:  # a 0-d array, a sequence whose iteration raises
+            raise InvalidArgumentError(
+                f"blocks must be a list of Block, got {type(blocks).__name__}"
+            ) from None
         self._head = Block(-1)  # sentinels: the real blocks always have both neighbours
         self._tail = Block(-1)
         self._head.next_free = self._tail

@@ -227,6 +227,8 @@ def _key(op: dict[str, Any], index: int) -> tuple[list[int], str | None]:
 
 def tree_dict(tree: RadixTree) -> dict[str, Any]:
     """The tree as nested ``{"key", "lock_ref", "children"}`` dicts (``"extra_key"`` when set); no recursion."""
+    if not isinstance(tree, RadixTree):
+        raise ScenarioError(f"expected a kvlab RadixTree, got {type(tree).__name__}")
     return _subtree_dict(tree.root)
 
 

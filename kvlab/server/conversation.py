@@ -58,7 +58,12 @@ def tokens_processed(turns: Sequence[TurnCounters]) -> int:
     """Prompt tokens the server computed over a run (at most ``LIMITS.turns`` turns): the sum of ``prompt_n``."""
     if isinstance(turns, (str, bytes)) or not hasattr(turns, "__iter__"):
         raise InvalidArgumentError(f"turns must be a list of TurnCounters, got {type(turns).__name__}")
-    items = list(itertools.islice(turns, LIMITS.turns + 1))
+    try:
+        items = list(itertools.islice(turns, LIMITS.turns + 1))
+    except Exception as exc:  # a 0-d array, an iterator that raises
+        raise InvalidArgumentError(
+            f"turns must be a list of TurnCounters, got {brief(turns)}: {exc}"
+        ) from None
     if len(items) > LIMITS.turns:
         raise InvalidArgumentError(f"turns has more than {LIMITS.turns:,} items (LIMITS.turns)")
     for i, t in enumerate(items):
