@@ -11,15 +11,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from hostile import fingerprint as _fingerprint
 
 from kvlab.errors import KvlabError
-
-
-def _fingerprint(model: Any) -> tuple[Any, int | None]:
-    """The model's whole state and the number of recorded steps (None when it does not record)."""
-    state = model.snapshot() if hasattr(model, "snapshot") else model.state()
-    history = getattr(model, "history", None)
-    return state, (len(history) if history is not None else None)
 
 
 def assert_refused(

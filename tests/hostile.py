@@ -127,8 +127,8 @@ def kvlab_or_ok(call: Callable[[], Any]) -> bool:
     return True
 
 
-def _fingerprint(model: Any) -> tuple[Any, int | None]:
-    """The model's whole state and history length, as the ``refuses`` fixture of tests/conftest.py takes them."""
+def fingerprint(model: Any) -> tuple[Any, int | None]:
+    """The model's whole state and history length: what a refused call must leave as it was."""
     state = model.snapshot() if hasattr(model, "snapshot") else model.state()
     history = getattr(model, "history", None)
     return state, (len(history) if history is not None else None)
@@ -136,12 +136,12 @@ def _fingerprint(model: Any) -> tuple[Any, int | None]:
 
 def refused_or_ok(model: Any, call: Callable[[Any], Any]) -> None:
     """``call(model)`` works, or is refused with KvlabError and changes nothing."""
-    before = _fingerprint(model)
+    before = fingerprint(model)
     try:
         call(model)
     except KvlabError as exc:
         assert str(exc)
-        assert _fingerprint(model) == before, "a refused call changed the model"
+        assert fingerprint(model) == before, "a refused call changed the model"
 
 
 def quick_refusal(call: Callable[[], Any], match: str) -> None:

@@ -317,8 +317,11 @@ class SlotServer:
         slot, selected_by, similarity, update_cache = self._select_slot(toks, id_slot)
         saved = loaded = False
         if update_cache and self.ram_enabled:
-            saved = self._ram_save(slot)
-            loaded = self._ram_load(slot, toks)
+            saved = self.prompt_cache.save(slot.tokens)
+            better = self.prompt_cache.load(slot.tokens, toks)
+            loaded = better is not None
+            if better is not None:
+                slot.tokens = better
             self.prompt_cache.update()
         if self.cache_idle_slots and self.ram_enabled:  # after launch: every idle slot goes to RAM too
             for other in self._slots:
@@ -492,15 +495,6 @@ class SlotServer:
             assert ret is not None  # start() checked that a slot is idle
             selected_by, update_cache = "lru", True
         return ret, selected_by, similarity, update_cache
-
-    def _ram_save(self, slot: _Slot) -> bool:
-        return self.prompt_cache.save(slot.tokens)
-
-    def _ram_load(self, slot: _Slot, prompt: list[int]) -> bool:
-        loaded = self.prompt_cache.load(slot.tokens, prompt)
-        if loaded is not None:
-            slot.tokens = loaded
-        return loaded is not None
 
     def _snap(self, event: Event) -> None:
         if self.history is not None:
