@@ -1,4 +1,4 @@
-"""Command line: ``python -m kvlab replay|fleet|chat ...``.
+"""Command line: ``python -m kvlab replay|fleet|chat|trace ...``.
 
 Each subcommand lives in its own module and is imported only when used, so
 ``replay`` never pays for torch.
@@ -16,12 +16,13 @@ COMMANDS = {
     ),
     "fleet": ("kvlab.cli.fleet", "Simulate prefix caching for a fleet of chat users (lesson 002)."),
     "chat": ("kvlab.cli.chat", "Run an agent-like chat on the tiny real engine and print cache counters."),
+    "trace": ("kvlab.cli.trace", "Predict a real server's cache counters for a trace of its requests."),
 }
 
 
 def _usage() -> str:
     lines = ["usage: python -m kvlab COMMAND [options]", "", "commands:"]
-    lines += [f"  {name:<8}{help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += [f"  {name:<10}{help_}" for name, (_, help_) in COMMANDS.items()]
     lines.append("")
     lines.append("Run 'python -m kvlab COMMAND --help' for a command's options.")
     return "\n".join(lines)
