@@ -1,0 +1,460 @@
+"""Notebook 16's problems: an agent session priced under cached-token pricing, and a router for a fleet.
+
+**The agent session.** ``agent_session()`` is a realistic coding-agent run, as data: a system prompt,
+tool definitions, a task, and 48 tool calls whose results range from a line to a few thousand
+tokens (three of them are whole documents). Turn ``t`` sends the context built by a *layout*
+(``layout(session, t) -> messages``) and receives call ``t``. ``price_session`` replays the
+prompts through the course's block cache (``kvlab.models.prefix_cache``: a prefix is reused in whole
+blocks, at most ``prompt - 1`` tokens) and prices every turn: uncached input, cached input, the
+write surcharge some providers add for tokens stored in the cache, and output. The prices are
+parameters (``Pricing``); ``EXAMPLE_PRICING`` has illustrative ratios (cached input at a tenth of
+uncached input, cache writes at a quarter extra), not any provider's price list: check yours.
+
+Where this simplifies: a provider's cache has its own granularity (often a minimum prefix length
+and coarser increments) and its own lifetime; the block size and pool here stand in for both.
+
+``naive_layout`` is what agents often do: a timestamp on top of the system prompt, tools listed
+most-recently-used first, and a history trimmed from the front to stay under a budget. All three
+break the cached prefix every turn. ``information_kept`` states what a better layout must keep: the
+system prompt, every tool definition and the task in every prompt, and the last ``KEEP_LAST``
+tool results verbatim.
+
+**The router.** ``route_fleet(router)`` sends lesson 002's chat traffic to ``replicas`` replicas,
+each with a quarter (for four) of the cache, through any routing function
+``router(request, replicas) -> index``; each ``ReplicaView`` can say how many of the prompt's tokens
+it has cached (``cached_tokens``, a probe that changes nothing) and how many requests it took.
+``round_robin``, ``user_hash`` and ``longest_prefix`` (the most cached tokens, within a load bound)
+are the three to compare. Real routers: SGLang's ``sglang-router`` (``cache_aware``: an approximate
+radix tree per worker and load-balance thresholds) and vLLM's ``vllm-router``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvlab.core.chat_format import Tokenizer, render
+from kvlab.errors import InvalidArgumentError, KvlabError, brief, check_int
+from kvlab.fleet.traffic import chat_traffic, prompts_and_answers
+from kvlab.models.prefix_cache import PrefixCache
+
+KEEP_LAST = 5  # tool results a layout must keep verbatim
+BLOCK_SIZE = 16
+HISTORY_BUDGET = 6000  # tokens of history the naive layout keeps (it drops from the front)
+
+_WORDS = [
+    "cache",
+    "block",
+    "token",
+    "prefix",
+    "request",
+    "server",
+    "reply",
+    "agent",
+    "tool",
+    "file",
+    "line",
+    "test",
+    "build",
+    "error",
+    "value",
+    "table",
+    "index",
+    "slot",
+    "layer",
+    "head",
+    "batch",
+    "queue",
+    "model",
+    "prompt",
+    "result",
+    "config",
+    "module",
+    "function",
+    "return",
+    "import",
+    "class",
+    "memory",
+    "pool",
+    "chain",
+    "hash",
+    "page",
+    "write",
+    "read",
+    "open",
+    "close",
+    "path",
+    "parse",
+    "check",
+    "count",
+    "order",
+    "merge",
+    "split",
+]
+
+
+# ---------------------------------------------------------------- the agent session
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: str
+    result: str
+
+
+@dataclass(frozen=True)
+class AgentSession:
+    system: str
+    tools: tuple[str, ...]
+    task: str
+    calls: tuple[ToolCall, ...]
+
+    @property
+    def turns(self) -> int:
+        return len(self.calls)
+
+
+TOOLS = {
+    "read_file": "read_file(path): return the text of a file in the repository",
+    "search": "search(query): lines of the repository that match a regular expression",
+    "run_tests": "run_tests(selection): run the test suite or part of it and return its output",
+    "edit_file": "edit_file(path, old, new): replace one exact piece of text in a file",
+    "list_dir": "list_dir(path): the files and folders under a path",
+    "web_fetch": "web_fetch(url): the text of a documentation page",
+}
+
+
+def _text(rng: random.Random, words: int) -> str:
+    return " ".join(rng.choice(_WORDS) for _ in range(words))
+
+
+def agent_session(seed: int = 16, calls: int = 48) -> AgentSession:
+    """The capstone's agent run: deterministic for a seed; results from a line to a whole document."""
+    seed = check_int("seed", seed, minimum=0, maximum=2**63 - 1)
+    calls = check_int("calls", calls, minimum=1, maximum=200)
+    rng = random.Random(seed)
+    system = (
+        "You are a coding agent working in a Python repository. Think step by step, call one tool at a "
+        "time, and stop when the tests pass. " + _text(rng, 120)
+    )
+    tools = tuple(f"## {name}\n{doc}\nparameters: " + _text(rng, 40) for name, doc in TOOLS.items())
+    task = "Task: make the failing cache tests pass without changing their assertions. " + _text(rng, 60)
+    out = []
+    documents = {7, 19, 33}  # whole files or pages read in full
+    for i in range(calls):
+        name = rng.choice(sorted(TOOLS))
+        size = rng.choice([12, 25, 40, 80, 150, 300, 600])
+        if i in documents:
+            name, size = "read_file", 1800
+        out.append(ToolCall(name, f"{name}(" + _text(rng, 6) + ")", f"[result {i}] " + _text(rng, size)))
+    return AgentSession(system, tools, task, tuple(out))
+
+
+def _history(session: AgentSession, turn: int) -> list[dict[str, str]]:
+    msgs = []
+    for call in session.calls[:turn]:
+        msgs.append({"role": "assistant", "content": call.arguments})
+        msgs.append({"role": "tool", "content": call.result})
+    return msgs
+
+
+def naive_layout(session: AgentSession, turn: int) -> list[dict[str, str]]:
+    """A timestamp first, tools most-recently-used first, history trimmed from the front."""
+    used = [c.name for c in session.calls[:turn]]
+    order = sorted(TOOLS, key=lambda n: (-(len(used) - used[::-1].index(n)) if n in used else 0, n))
+    tools = [session.tools[list(TOOLS).index(n)] for n in order]
+    system = f"Current time: 2026-12-01 10:{turn:02d}:00\n" + session.system + "\n" + "\n".join(tools)
+    history = _history(session, turn)
+    tok = Tokenizer()
+    sizes = [len(tok.encode(m["content"])) for m in history]
+    kept = sum(sizes)
+    while history and kept > HISTORY_BUDGET:  # drop the oldest call and its result
+        kept -= sizes[0] + sizes[1]
+        history, sizes = history[2:], sizes[2:]
+    return [{"role": "system", "content": system}, {"role": "user", "content": session.task}, *history]
+
+
+def append_only_layout(session: AgentSession, turn: int) -> list[dict[str, str]]:
+    """A fixed prefix (system, tools in one order, task), then every call and result, appended."""
+    system = session.system + "\n" + "\n".join(session.tools)
+    return [
+        {"role": "system", "content": system},
+        {"role": "user", "content": session.task},
+        *_history(session, turn),
+    ]
+
+
+# ---------------------------------------------------------------- pricing
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """Dollars per million tokens; ``cache_write`` is a surcharge on input tokens written to the cache."""
+
+    uncached_input: float
+    cached_input: float
+    output: float
+    cache_write: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("uncached_input", "cached_input", "output", "cache_write"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e6:
+                raise InvalidArgumentError(
+                    f"{name} must be dollars per million tokens (0 up to 1e6), got {brief(value)}"
+                )
+
+
+EXAMPLE_PRICING = Pricing(uncached_input=3.0, cached_input=0.30, output=15.0, cache_write=0.75)
+
+
+@dataclass(frozen=True)
+class PricedTurn:
+    turn: int
+    prompt_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    dollars: float
+
+    @property
+    def uncached_tokens(self) -> int:
+        return self.prompt_tokens - self.cached_tokens
+
+
+@dataclass(frozen=True)
+class SessionCost:
+    turns: tuple[PricedTurn, ...]
+
+    @property
+    def dollars(self) -> float:
+        return sum(t.dollars for t in self.turns)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(t.prompt_tokens for t in self.turns)
+
+    @property
+    def cached_tokens(self) -> int:
+        return sum(t.cached_tokens for t in self.turns)
+
+    @property
+    def prefill_tokens(self) -> int:
+        """Prompt tokens computed (not read from the cache): what the server spends time on."""
+        return self.prompt_tokens - self.cached_tokens
+
+    @property
+    def hit_rate(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def as_row(self) -> dict[str, Any]:
+        return {
+            "turns": len(self.turns),
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "prefill_tokens": self.prefill_tokens,
+            "hit_rate": round(self.hit_rate, 4),
+            "dollars": round(self.dollars, 4),
+        }
+
+
+Layout = Callable[[AgentSession, int], Sequence[Any]]
+
+
+def session_prompts(session: AgentSession, layout: Layout) -> list[tuple[int, ...]]:
+    """Each turn's prompt tokens under ``layout``, rendered with kvlab's chat template."""
+    if not isinstance(session, AgentSession):
+        raise InvalidArgumentError(f"session must be an AgentSession (agent_session()), got {brief(session)}")
+    if not callable(layout):
+        raise InvalidArgumentError(
+            f"layout must be a function (session, turn) -> messages, got {brief(layout)}"
+        )
+    tok = Tokenizer()
+    prompts = []
+    for t in range(session.turns):
+        try:
+            messages = layout(session, t)
+            prompts.append(render(messages, tok).tokens)
+        except KvlabError as exc:
+            raise InvalidArgumentError(
+                f"layout(session, {t}) gave messages kvlab cannot render: {exc}"
+            ) from None
+    return prompts
+
+
+def price_session(
+    session: AgentSession,
+    layout: Layout,
+    pricing: Pricing = EXAMPLE_PRICING,
+    *,
+    block_size: int = BLOCK_SIZE,
+    num_blocks: int = 8192,
+) -> SessionCost:
+    """Replay the session under ``layout`` through a block cache and price every turn."""
+    if not isinstance(pricing, Pricing):
+        raise InvalidArgumentError(f"pricing must be a Pricing, got {brief(pricing)}")
+    cache = PrefixCache(num_blocks, block_size)
+    tok = Tokenizer()
+    turns = []
+    for t, prompt in enumerate(session_prompts(session, layout)):
+        out = tok.encode(session.calls[t].arguments)
+        cached = cache.allocate(f"turn-{t}", prompt).num_cached_tokens
+        cache.append(f"turn-{t}", out[:-1])
+        cache.free(f"turn-{t}")
+        uncached = len(prompt) - cached
+        dollars = (
+            uncached * (pricing.uncached_input + pricing.cache_write)
+            + cached * pricing.cached_input
+            + len(out) * pricing.output
+        ) / 1e6
+        turns.append(PricedTurn(t, len(prompt), cached, len(out), dollars))
+    return SessionCost(tuple(turns))
+
+
+def information_kept(session: AgentSession, layout: Layout, keep_last: int = KEEP_LAST) -> tuple[bool, str]:
+    """Does every turn's prompt keep the system prompt, each tool, the task and the last results verbatim?"""
+    keep_last = check_int("keep_last", keep_last, minimum=0, maximum=200)
+    for t in range(session.turns):
+        text = "\n".join(m.get("content", "") if isinstance(m, dict) else str(m) for m in layout(session, t))
+        for what, piece in (("the system prompt", session.system), ("the task", session.task)):
+            if piece not in text:
+                return False, f"turn {t}: {what} is missing"
+        for i, tool in enumerate(session.tools):
+            if tool not in text:
+                return False, f"turn {t}: tool definition {i} ({list(TOOLS)[i]}) is missing"
+        for call in session.calls[max(0, t - keep_last) : t]:
+            if call.result not in text:
+                return (
+                    False,
+                    f"turn {t}: the result of an earlier call ({call.result[:12]}...) is not kept verbatim",
+                )
+    return True, f"every turn keeps the system prompt, all tools, the task and the last {keep_last} results"
+
+
+# ---------------------------------------------------------------- the router
+
+
+@dataclass(frozen=True)
+class RoutedRequest:
+    index: int
+    user: int
+    turn: int
+    prompt: tuple[int, ...]
+
+
+@dataclass
+class ReplicaView:
+    """What a router may ask a replica: its cached prefix for a prompt, and how many requests it took."""
+
+    index: int
+    _cache: PrefixCache = field(repr=False)
+    requests: int = 0
+
+    def cached_tokens(self, prompt: Sequence[int]) -> int:
+        return self._cache.probe(list(prompt)).num_cached_tokens
+
+
+@dataclass(frozen=True)
+class RoutingResult:
+    name: str
+    replicas: int
+    hit_rate: float
+    requests: tuple[int, ...]
+    replica_hit_rates: tuple[float, ...]
+
+    @property
+    def imbalance(self) -> float:
+        """The busiest replica's requests over the mean (1.0: perfectly balanced)."""
+        mean = sum(self.requests) / len(self.requests)
+        return max(self.requests) / mean if mean else 1.0
+
+    def as_row(self) -> dict[str, Any]:
+        return {
+            "router": self.name,
+            "hit_rate": round(self.hit_rate, 4),
+            "imbalance": round(self.imbalance, 3),
+            "requests": list(self.requests),
+        }
+
+
+Router = Callable[[RoutedRequest, Sequence[ReplicaView]], int]
+
+
+def round_robin(request: RoutedRequest, replicas: Sequence[ReplicaView]) -> int:
+    return request.index % len(replicas)
+
+
+def user_hash(request: RoutedRequest, replicas: Sequence[ReplicaView]) -> int:
+    digest = hashlib.blake2b(str(request.user).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % len(replicas)
+
+
+def longest_prefix(request: RoutedRequest, replicas: Sequence[ReplicaView], load_bound: float = 1.25) -> int:
+    """The replica with the most cached tokens among those within ``load_bound`` x the mean load."""
+    mean = (sum(r.requests for r in replicas) + 1) / len(replicas)
+    allowed = [r for r in replicas if r.requests + 1 <= load_bound * mean] or list(replicas)
+    return max(allowed, key=lambda r: (r.cached_tokens(request.prompt), -r.requests, -r.index)).index
+
+
+def route_fleet(
+    router: Router,
+    *,
+    replicas: int = 4,
+    users: int = 48,
+    turns: int = 4,
+    system_tokens: int = 600,
+    capacity_blocks: int = 2400,
+    block_size: int = BLOCK_SIZE,
+    seed: int = 1,
+    name: str | None = None,
+) -> RoutingResult:
+    """Lesson 002's traffic over ``replicas`` replicas that split ``capacity_blocks``, routed by ``router``."""
+    if not callable(router):
+        raise InvalidArgumentError(
+            f"router must be a function (request, replicas) -> index, got {brief(router)}"
+        )
+    replicas = check_int("replicas", replicas, minimum=1, maximum=64)
+    capacity_blocks = check_int("capacity_blocks", capacity_blocks, minimum=replicas, maximum=1 << 20)
+    traffic = chat_traffic(users=users, turns=turns, seed=seed, system_tokens=system_tokens)
+    views = [ReplicaView(i, PrefixCache(capacity_blocks // replicas, block_size)) for i in range(replicas)]
+    hits = [0] * replicas
+    sent = [0] * replicas
+    seen_turns: dict[int, int] = {}
+    for i, ((prompt, answer), req) in enumerate(
+        zip(prompts_and_answers(traffic, "none"), traffic.requests, strict=True)
+    ):
+        turn = seen_turns[req.user] = seen_turns.get(req.user, -1) + 1
+        request = RoutedRequest(i, req.user, turn, tuple(prompt))
+        try:
+            choice = router(request, tuple(views))
+        except Exception as exc:  # the student's router: report, do not crash the notebook
+            raise InvalidArgumentError(
+                f"the router raised on request {i}: {type(exc).__name__}: {exc}"
+            ) from None
+        if type(choice) is not int or not 0 <= choice < replicas:
+            raise InvalidArgumentError(
+                f"the router must return a replica index 0..{replicas - 1}, got {brief(choice)}"
+            )
+        view = views[choice]
+        cache = view._cache
+        try:
+            got = cache.allocate(f"r{i}", prompt).num_cached_tokens
+            cache.append(f"r{i}", answer[:-1])
+        except KvlabError:
+            got = 0  # a replica too small for this request: it computes it without caching
+        if f"r{i}" in cache.requests:
+            cache.free(f"r{i}")
+        view.requests += 1
+        hits[choice] += got
+        sent[choice] += len(prompt)
+    total = sum(sent)
+    return RoutingResult(
+        name or getattr(router, "__name__", "router"),
+        replicas,
+        sum(hits) / total if total else 0.0,
+        tuple(v.requests for v in views),
+        tuple(h / s if s else 0.0 for h, s in zip(hits, sent, strict=True)),
+    )
