@@ -47,9 +47,11 @@ class ScenarioError(KvlabError):
     """A scenario (a list of ops) is malformed; ``index`` is the op's position, or None."""
 
     def __init__(self, message: str, index: int | None = None) -> None:
+        if type(index) is not int:  # a hostile index still gives a readable error, never a second one
+            index = int.__int__(index) if isinstance(index, int) and not isinstance(index, bool) else None
         self.index = index
         prefix = f"op {index}: " if index is not None else ""
-        super().__init__(prefix + message)
+        super().__init__(prefix + _label(message))
 
 
 # ---------------------------------------------------------------- the shared argument checks
@@ -71,6 +73,7 @@ class Limits:
     """
 
     num_blocks: int = 1 << 20  # blocks in one pool: 16M tokens at block size 16, more than any GPU holds
+    drawn_blocks: int = 1 << 14  # blocks a figure or the Playground draws, a cell each: 512 rows of 32 (~3 s)
     block_size: int = 1 << 16  # tokens per block (vLLM's largest is 256; llama.cpp's ubatch 512)
     tokens: int = 1 << 22  # tokens in one request, prompt or pool (4,194,304: past any context window)
     total_tokens: int = 1 << 27  # tokens one simulation or scenario may process in all (134M)
@@ -111,9 +114,34 @@ def raised_limits(**limits: int) -> Iterator[Limits]:
             setattr(LIMITS, name, value)
 
 
+def _label(name: object) -> str:
+    """An argument's name (or a message) as plain text for an error message; never raises.
+
+    The checks below are public, so even the name they are given may be hostile: anything but a
+    plain ``str`` is shown through ``brief``.
+    """
+    if type(name) is str:
+        return name
+    if isinstance(name, str):
+        return str.__str__(name)
+    return brief(name)
+
+
+def _limit(limit: object) -> tuple[str, int]:
+    """``(name, LIMITS.<name>)`` for one of ``Limits``' fields, by exact name."""
+    if type(limit) is not str:
+        limit = str.__str__(limit) if isinstance(limit, str) else None
+    if limit not in Limits.__dataclass_fields__:
+        raise InvalidArgumentError(
+            f"unknown limit {brief(limit)}: use one of {', '.join(Limits.__dataclass_fields__)}"
+        )
+    return limit, getattr(LIMITS, limit)
+
+
 def check_size(name: str, value: object, limit: str, *, minimum: int = 0) -> int:
     """``check_int`` with the upper bound ``LIMITS.<limit>``; the refusal says how to go beyond it."""
-    bound = getattr(LIMITS, limit)
+    limit, bound = _limit(limit)
+    name = _label(name)
     value = check_int(name, value, minimum=minimum)
     if value > bound:
         raise InvalidArgumentError(
@@ -131,19 +159,23 @@ def brief(value: object, limit: int = 60) -> str:
 
     Never raises: a repr that fails, or an integer too long to print, is described by its type.
     """
+    if type(limit) is not int or limit < 8:
+        limit = 60
     if type(value) is int and value.bit_length() > 4 * limit:
         return f"an integer of about {int(value.bit_length() * 0.30103)} digits"
-    try:
-        text = repr(value)
+    try:  # a str subclass is shown as its plain text, whatever its own __repr__ does
+        text = str.__repr__(value) if isinstance(value, str) else repr(value)
     except Exception:  # a user object whose __repr__ raises
         text = f"<{type(value).__name__} object>"
-    if not isinstance(text, str):
+    if type(text) is not str:  # a __repr__ that returns something else, or a str subclass of its own
         text = f"<{type(value).__name__} object>"
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def cdiv(a: int, b: int) -> int:
     """Ceiling division for non-negative ints: how many blocks of ``b`` hold ``a`` tokens (vLLM's ``cdiv``)."""
+    if type(a) is not int or type(b) is not int or a < 0 or b < 1:
+        a, b = check_int("a", a, minimum=0), check_int("b", b, minimum=1)
     return -(-a // b)
 
 
@@ -153,8 +185,14 @@ def check_int(name: str, value: object, *, minimum: int | None = None, maximum: 
     The one rule for floats: every float is refused, an integral one (``4.0``) too, with a message
     that says to pass an int, so a size is never silently truncated (``1.9`` is not 1).
     """
+    if type(name) is not str:
+        name = _label(name)
     if type(value) is not int:
         value = _as_int(name, value)
+    if minimum is not None and type(minimum) is not int:
+        minimum = check_int("minimum", minimum)
+    if maximum is not None and type(maximum) is not int:
+        maximum = check_int("maximum", maximum)
     if minimum is not None and value < minimum:
         raise InvalidArgumentError(f"{name} must be at least {minimum}, got {brief(value)}")
     if maximum is not None and value > maximum:
@@ -177,29 +215,82 @@ def _as_int(name: str, value: object) -> int:
     raise InvalidArgumentError(f"{name} must be an integer, got {brief(value)} ({type(value).__name__})")
 
 
+def check_int_text(name: str, text: object) -> int:
+    """The integer a user wrote as text (a command-line option): ASCII digits with an optional sign.
+
+    Python's ``int`` also reads ``"1_000"``, ``" 5\\n"`` and other scripts' digits (``"١٢"`` is 12);
+    kvlab reads only what it prints, so a typo is refused rather than read as another number. At
+    most ``LIMITS.int_digits`` digits, so a huge literal is refused before it is converted.
+    """
+    import re
+
+    name, text = _label(name), check_text(name, text)
+    match = re.fullmatch(r"[ \t]*([+-]?)([0-9]+)[ \t]*", text, re.ASCII)
+    if match is None:
+        raise InvalidArgumentError(f"{name} must be an integer written in digits 0-9, got {brief(text, 30)}")
+    if len(match.group(2)) > LIMITS.int_digits:
+        raise InvalidArgumentError(
+            f"{name} must be an integer of at most {LIMITS.int_digits} digits, got {brief(text, 30)}"
+        )
+    return int(match.group(1) + match.group(2))
+
+
 def check_bool(name: str, value: object) -> bool:
     """Return ``value`` if it is exactly True or False (not 0/1, not a numpy bool)."""
     if type(value) is not bool:
+        name = _label(name)
         raise InvalidArgumentError(f"{name} must be True or False, got {brief(value)}")
     return value
 
 
 def check_choice(name: str, value: object, choices: tuple[str, ...], *, what: str | None = None) -> str:
     """Return ``value`` if it is a ``str`` equal to one of ``choices``; compared by exact type and value."""
+    if type(choices) is not tuple or not all(type(c) is str for c in choices):
+        choices = _choices(choices)
     if type(value) is str and value in choices:
         return value
     if isinstance(value, str):  # a str subclass: compare its plain text, never its own __eq__ or __str__
         plain = str.__str__(value)
         if plain in choices:
             return plain
-    label = what or name
+    name = _label(name)
+    label = name if what is None else _label(what)
     raise InvalidArgumentError(f"unknown {label} {brief(value)}: {name} must be one of {', '.join(choices)}")
 
 
+def _choices(choices: object) -> tuple[str, ...]:
+    """A caller's choices as a tuple of plain strings (compared by value, never by their own ``__eq__``)."""
+    items = check_items("choices", choices, what="a tuple of strings")
+    if not all(isinstance(c, str) for c in items):
+        raise InvalidArgumentError(f"choices must be strings, got {brief(items)}")
+    return tuple(str.__str__(c) for c in items)
+
+
+def check_text(name: str, value: object, *, allow_empty: bool = True) -> str:
+    """Return ``value`` as plain ``str`` text: the one check of kvlab for a name, label or title.
+
+    A ``str`` subclass becomes a copy of its plain text (``str.__str__``), so none of its own methods
+    (a ``__len__``, ``__iter__``, ``__getitem__``, ``__hash__``, ``__eq__`` or ``__format__`` that
+    raises or lies) runs afterwards. Anything else, ``bytes`` and numpy strings included, is refused.
+    """
+    if type(name) is not str:
+        name = _label(name)
+    allow_empty = check_bool("allow_empty", allow_empty)
+    if type(value) is not str:
+        if not isinstance(value, str):
+            what = "a string" if allow_empty else "a non-empty string"
+            raise InvalidArgumentError(f"{name} must be {what}, got {brief(value)} ({type(value).__name__})")
+        value = str.__str__(value)  # an exact str copy of a subclass's text
+    if not value and not allow_empty:
+        raise InvalidArgumentError(f"{name} must be a non-empty string, got ''")
+    return value
+
+
 def check_id(name: str, value: object) -> str:
-    """Return ``value`` if it is a non-empty ``str`` (a request or sequence id); a str subclass becomes its plain text."""
+    """Return ``value`` if it is a non-empty ``str`` (a request or sequence id), as plain text (``check_text``)."""
+    name = _label(name)
     if isinstance(value, str):
-        plain = value if type(value) is str else str.__str__(value)
+        plain = check_text(name, value)
         if plain:
             return plain
     raise InvalidArgumentError(f"{name} must be a non-empty string, got {brief(value)}")
@@ -207,14 +298,43 @@ def check_id(name: str, value: object) -> str:
 
 def check_optional_str(name: str, value: object, *, allow_empty: bool = True) -> str | None:
     """Return ``value`` if it is None or a ``str`` (non-empty unless ``allow_empty``), as plain text."""
+    name, allow_empty = _label(name), check_bool("allow_empty", allow_empty)
     if value is None:
         return None
     if isinstance(value, str):
-        plain = value if type(value) is str else str.__str__(value)
+        plain = check_text(name, value)
         if plain or allow_empty:
             return plain
     what = "a string" if allow_empty else "a non-empty string"
     raise InvalidArgumentError(f"{name} must be {what} or None, got {brief(value)}")
+
+
+def check_items(name: str, value: object, limit: str = "count", *, what: str = "a list") -> list[object]:
+    """Return the items of a list, tuple or other iterable as a plain list, at most ``LIMITS.<limit>`` of them.
+
+    Strings, bytes, mappings and sets are refused (they iterate, but are not sequences of items); an
+    iterable whose iteration raises (a 0-d numpy array, a hostile ``__iter__``) or never ends is refused
+    with kvlab's error. Only ``iter`` and ``next`` are called: never a ``__len__`` or ``__getitem__``.
+    """
+    from collections.abc import Mapping, Set
+    from itertools import islice
+
+    name, what = _label(name), _label(what)
+    limit, bound = _limit(limit)
+    if isinstance(value, (str, bytes, bytearray, Mapping, Set)) or not hasattr(value, "__iter__"):
+        raise InvalidArgumentError(f"{name} must be {what}, got {brief(value)} ({type(value).__name__})")
+    try:
+        items = list(islice(value, bound + 1))  # type: ignore[call-overload]
+    except Exception:
+        raise InvalidArgumentError(
+            f"{name} must be {what}, got {brief(value)} ({type(value).__name__}), whose iteration failed"
+        ) from None
+    if len(items) > bound:
+        raise InvalidArgumentError(
+            f"{name} holds more than {bound:,} items (kvlab's limit LIMITS.{limit}); "
+            f"for a deliberately larger run use kvlab.errors.raised_limits({limit}=...)"
+        )
+    return items
 
 
 def check_tokens(name: str, tokens: object, *, allow_empty: bool = False, in_range: bool = True) -> list[int]:
@@ -227,6 +347,10 @@ def check_tokens(name: str, tokens: object, *, allow_empty: bool = False, in_ran
     from collections.abc import Mapping, Set
     from itertools import islice
 
+    if type(name) is not str:
+        name = _label(name)
+    if type(allow_empty) is not bool or type(in_range) is not bool:
+        allow_empty, in_range = check_bool("allow_empty", allow_empty), check_bool("in_range", in_range)
     if isinstance(tokens, (str, bytes, bytearray, Mapping, Set)) or not hasattr(tokens, "__iter__"):
         raise InvalidArgumentError(f"{name} must be a list of integer token ids, got {type(tokens).__name__}")
     bound = LIMITS.tokens

@@ -4,7 +4,9 @@
 accept and handle): wrong types, huge and negative integers, floats that look integral, NaN,
 numpy arrays and scalars, deeply nested lists, strings of odd encodings, and objects that lie
 (``__eq__`` always True, ``__hash__``/``__repr__``/``__index__`` raising, an ``int`` subclass whose
-``==`` says yes to everything). Import it from a test module: ``from hostile import hostile_values``.
+``==`` says yes to everything). ``all_hostile_values()`` adds lying containers: ``str``, ``list`` and
+``dict`` subclasses whose own methods raise (``__len__``, ``__iter__``, ``__hash__``, ``items`` ...).
+Import them from a test module: ``from hostile import hostile_values``.
 """
 
 from __future__ import annotations
@@ -63,6 +65,88 @@ class BadIndex:
         raise RuntimeError("index refused")
 
 
+class LyingStr(str):
+    """A str whose own methods raise or lie: text must be read as its plain value (``check_text``)."""
+
+    def __len__(self) -> int:
+        raise RuntimeError("len refused")
+
+    def __iter__(self):
+        raise RuntimeError("iter refused")
+
+    def __getitem__(self, index: object) -> str:
+        raise RuntimeError("getitem refused")
+
+    def __hash__(self) -> int:
+        raise RuntimeError("hash refused")
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    def __format__(self, spec: str) -> str:
+        raise RuntimeError("format refused")
+
+    def __str__(self) -> str:
+        raise RuntimeError("str refused")
+
+    def __bool__(self) -> bool:
+        raise RuntimeError("bool refused")
+
+    def __repr__(self) -> str:  # what a failing example prints (hypothesis would iterate the value)
+        return f"LyingStr({str.__repr__(self)})"
+
+
+class LyingList(list):
+    """A list whose ``len``, iteration and indexing raise: a container must be copied by ``list`` itself."""
+
+    def __len__(self) -> int:
+        raise RuntimeError("len refused")
+
+    def __iter__(self):
+        raise RuntimeError("iter refused")
+
+    def __getitem__(self, index: object) -> object:
+        raise RuntimeError("getitem refused")
+
+    def __repr__(self) -> str:
+        return f"LyingList({list.__repr__(self)})"
+
+
+class LyingDict(dict):
+    """A dict whose every reading method raises: a mapping must be read through ``dict``'s own methods."""
+
+    def __iter__(self):
+        raise RuntimeError("iter refused")
+
+    def __contains__(self, key: object) -> bool:
+        raise RuntimeError("contains refused")
+
+    def __getitem__(self, key: object) -> object:
+        raise RuntimeError("getitem refused")
+
+    def get(self, *args: object) -> object:
+        raise RuntimeError("get refused")
+
+    def keys(self):
+        raise RuntimeError("keys refused")
+
+    def items(self):
+        raise RuntimeError("items refused")
+
+    def __repr__(self) -> str:
+        return f"LyingDict({dict.__repr__(self)})"
+
+
+class BadBool:
+    """Its truth value (and length) raises: ``if value:`` or ``value or default`` would crash."""
+
+    def __bool__(self) -> bool:
+        raise RuntimeError("bool refused")
+
+    def __len__(self) -> int:
+        raise RuntimeError("len refused")
+
+
 def nested_list(depth: int) -> list:
     """A list nested ``depth`` deep, built without recursion."""
     value: list = []
@@ -112,6 +196,19 @@ deep = st.sampled_from([50, 2_000, 100_000]).map(nested_list)
 def hostile_values() -> st.SearchStrategy:
     """Anything a hostile user might pass where kvlab expects a plain value."""
     return st.one_of(huge_ints, odd_floats, numpy_values, wrong_types, deep, liars)
+
+
+lying_containers = st.one_of(
+    st.builds(LyingStr, st.sampled_from(["lesson", "prefix-cache", "a", "", "p.bin", "nul.bin"])),
+    st.builds(LyingList, st.lists(st.integers(0, 5), max_size=3)),
+    st.builds(LyingDict, st.dictionaries(st.sampled_from(["op", "a"]), st.integers(), max_size=2)),
+    st.builds(BadBool),
+)
+
+
+def all_hostile_values() -> st.SearchStrategy:
+    """``hostile_values()`` and lying containers: a ``str``, ``list`` or ``dict`` subclass whose methods raise."""
+    return st.one_of(hostile_values(), lying_containers)
 
 
 # ---------------------------------------------------------------- assertions the hostile tests share

@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 
-from kvlab.errors import LIMITS, KvlabError, brief
+from kvlab.errors import InvalidArgumentError, KvlabError, check_int_text
 
 MAX_SYSTEM_TOKENS = 16000
 MAX_BLOCK_SIZE = 4096
@@ -31,14 +31,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _whole_number(text: str) -> int:
-    if len(text.strip().lstrip("+-").replace("_", "")) > LIMITS.int_digits:
+    try:  # ASCII digits only: kvlab.errors.check_int_text
+        return check_int_text("a whole number", text)
+    except InvalidArgumentError as exc:
         raise argparse.ArgumentTypeError(
-            f"expected a whole number of at most {LIMITS.int_digits} digits, got {brief(text, 30)}"
-        )
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {brief(text)}") from None
+            "expected a whole number: " + str(exc).removeprefix("a whole number ")
+        ) from None
 
 
 def _positive(text: str) -> int:

@@ -21,7 +21,7 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 
-from kvlab.errors import LIMITS, KvlabError, brief
+from kvlab.errors import InvalidArgumentError, KvlabError, check_int_text
 from kvlab.fleet import HASH_SCHEMES, HEADERS, ROUTINGS, SALTS, FleetConfig, simulate
 from kvlab.lessons.fleet import format_table, lesson_table
 
@@ -51,15 +51,10 @@ class _Parser(argparse.ArgumentParser):
 
 def _integer(minimum: int | None) -> Callable[[str], int]:
     def parse(text: str) -> int:
-        digits = text.strip().lstrip("+-").replace("_", "")
-        if len(digits) > LIMITS.int_digits:
-            raise argparse.ArgumentTypeError(
-                f"must be an integer of at most {LIMITS.int_digits} digits, got {brief(text, 30)}"
-            )
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be an integer, got {brief(text)}") from None
+        try:  # ASCII digits only: kvlab.errors.check_int_text
+            value = check_int_text("the value", text)
+        except InvalidArgumentError as exc:
+            raise argparse.ArgumentTypeError(str(exc).replace("the value ", "", 1)) from None
         if minimum is not None and value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
         return value

@@ -7,8 +7,8 @@ given and a message naming the limit, before anything is built:
 * more than ``LIMITS.scenario_bytes`` bytes (256 MiB: a million ops of long
   prompts fit; a file past it is a mistake or an attack, and is not even read
   to the end: ``read_limited``);
-* bytes that are not strict UTF-8 (the message names the byte offset; a BOM is
-  left to the JSON parser, which refuses it as before);
+* bytes that are not strict UTF-8 (the message names the byte offset), and a
+  leading byte-order mark (JSON text has none; the message says to save it without);
 * nesting deeper than ``LIMITS.json_depth`` (64: a scenario needs 3 levels;
   ``json`` recurses once per level, so a deep file would otherwise end in a
   ``RecursionError``). An iterative scan that skips string literals counts the
@@ -19,7 +19,10 @@ given and a message naming the limit, before anything is built:
   bytes outside strings before parsing (a per-literal hook would cost more
   than the parse);
 * ``NaN``, ``Infinity`` and ``-Infinity``, and float literals too large to be
-  finite (no kvlab field takes them; they are not JSON).
+  finite (no kvlab field takes them; they are not JSON);
+* an object that names one key twice (``{"op": "alloc", "op": "free"}``):
+  Python's ``json`` would keep the last silently, another reader the first, so
+  the message names the key and the line and column of its object.
 
 ``dumps(obj)`` / ``write_json(obj, fp)`` write exactly the bytes
 ``json.dumps(obj)`` writes with its defaults (``", "`` and ``": "``
@@ -40,7 +43,7 @@ import re
 from collections.abc import Iterator
 from typing import IO, Any
 
-from kvlab.errors import LIMITS, InvalidArgumentError, KvlabError, ScenarioError, brief
+from kvlab.errors import LIMITS, InvalidArgumentError, KvlabError, ScenarioError, brief, check_text
 
 __all__ = ["dumps", "iter_json", "read_json", "read_limited", "write_json"]
 
@@ -54,13 +57,28 @@ _DIGITS = bytes.maketrans(b"0123456789", b"dddddddddd")
 
 def read_limited(fh: IO[bytes], what: str = "the scenario", error: type[KvlabError] = ScenarioError) -> bytes:
     """At most ``LIMITS.scenario_bytes`` bytes of ``fh``; refuse (without reading on) when there are more."""
+    what, error = _what_and_error(what, error)
     limit = LIMITS.scenario_bytes
-    data = fh.read(limit + 1)
+    read = getattr(fh, "read", None)
+    if not callable(read):
+        raise error(f"{what} must be read from a file open for reading, got {brief(fh)}")
+    data = read(limit + 1)
     if isinstance(data, str):  # a text stream (a test's StringIO): its characters, as UTF-8
         data = data.encode("utf-8", "surrogateescape")
     if len(data) > limit:
         raise error(_too_big(what, limit))
+    if not isinstance(data, (bytes, bytearray)):
+        raise error(f"reading {what} gave {type(data).__name__}, not bytes or text")
     return bytes(data)
+
+
+def _what_and_error(what: object, error: object) -> tuple[str, type[KvlabError]]:
+    """What the input is called in messages (plain text) and the kvlab error class to raise."""
+    if not (isinstance(error, type) and issubclass(error, KvlabError)):
+        raise InvalidArgumentError(
+            f"error must be a kvlab error class such as ScenarioError, got {brief(error)}"
+        )
+    return check_text("what", what, allow_empty=False), error
 
 
 def _too_big(what: str, limit: int) -> str:
@@ -72,11 +90,16 @@ def _too_big(what: str, limit: int) -> str:
 
 def read_json(data: object, what: str = "the scenario", error: type[KvlabError] = ScenarioError) -> Any:
     """Parse untrusted JSON ``data`` (bytes, or text) within ``LIMITS``; refuse anything else with ``error``."""
+    what, error = _what_and_error(what, error)
     limit = LIMITS.scenario_bytes
     if isinstance(data, (bytes, bytearray, memoryview)):
         raw = bytes(data)
         if len(raw) > limit:
             raise error(_too_big(what, limit))
+        if raw.startswith(b"\xef\xbb\xbf"):
+            raise error(
+                f"{what} starts with a UTF-8 byte-order mark, which JSON does not allow: save it without one"
+            )
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -85,7 +108,7 @@ def read_json(data: object, what: str = "the scenario", error: type[KvlabError] 
                 "save it as UTF-8 text"
             ) from None
     elif isinstance(data, str):
-        text = str(data)
+        text = str.__str__(data)  # a str subclass: its plain text, none of its own methods
         if len(text) > limit:
             raise error(_too_big(what, limit))
         bad = _lone_surrogate(text)
@@ -122,7 +145,15 @@ def read_json(data: object, what: str = "the scenario", error: type[KvlabError] 
         raise error(f"{what} has {name}, which is not JSON: write a number")
 
     try:
-        return json.loads(text, parse_float=parse_float, parse_constant=parse_constant)
+        return json.loads(
+            text, parse_float=parse_float, parse_constant=parse_constant, object_pairs_hook=_unique_keys
+        )
+    except _DuplicateKey:  # rare: parse again, slowly, to say where
+        key, line, column = _first_duplicate(text)
+        raise error(
+            f"{what} names the key {brief(key)} twice in the object at line {line}, column {column}; "
+            "JSON readers disagree on which one counts: keep one"
+        ) from None
     except json.JSONDecodeError as exc:
         raise error(
             f"{what} is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})"
@@ -133,6 +164,49 @@ def read_json(data: object, what: str = "the scenario", error: type[KvlabError] 
         raise error(f"{what} has an integer too long to read") from None
     except RecursionError:  # the scan above should make this impossible
         raise error(f"{what} nests too deeply to read") from None
+
+
+class _DuplicateKey(Exception):
+    """An object named a key twice (raised inside ``json``, turned into kvlab's error by ``read_json``)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json``'s object hook: the object, unless a key comes twice (a C-speed length check)."""
+    obj = dict(pairs)
+    if len(obj) < len(pairs):
+        raise _DuplicateKey
+    return obj
+
+
+def _first_duplicate(text: str) -> tuple[str, int, int]:
+    """The duplicated key and the line and column of its object, from the pure-Python parser.
+
+    Only for text ``read_json`` already checked (nesting at most ``LIMITS.json_depth``, so the
+    Python parser's recursion is bounded); its ``parse_object`` hook knows where each object starts.
+    """
+
+    def parse_object(s_and_end: tuple[str, int], *args: Any) -> tuple[dict[str, Any], int]:
+        strict, scan_once, _, _, memo = args
+        pairs, end = json.decoder.JSONObject(s_and_end, strict, scan_once, None, list, memo)
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key, s_and_end[1] - 1)  # stop at the first: nothing after it matters
+            seen.add(key)
+        return dict(pairs), end
+
+    decoder = json.JSONDecoder()
+    decoder.parse_object = parse_object  # type: ignore[assignment]
+    decoder.scan_once = json.scanner.py_make_scanner(decoder)  # type: ignore[attr-defined]
+    try:
+        decoder.decode(text)
+    except _DuplicateKey as found:
+        key, start = found.args
+        line = text.count("\n", 0, start) + 1
+        return key, line, start - text.rfind("\n", 0, start)
+    except Exception:  # the fast parser found the duplicate, so this one will too; never leak its errors
+        pass
+    return "?", 1, 1
 
 
 def _lone_surrogate(text: str) -> int | None:
@@ -239,6 +313,20 @@ def _c_dumps(value: Any) -> str:
 def iter_json(obj: Any) -> Iterator[str]:
     """The pieces of ``json.dumps(obj)``, in order, produced with an explicit stack (no recursion).
 
+    A value that cannot be written (a dict subclass whose ``items`` raises, a float subclass whose
+    ``__repr__`` lies, a cycle) is refused with ``InvalidArgumentError``, never Python's own error.
+    """
+    try:
+        yield from _iter_json(obj)
+    except KvlabError:
+        raise
+    except Exception as exc:  # a hostile container or scalar inside obj (a RecursionError too)
+        raise InvalidArgumentError(f"the value cannot be written as JSON: {brief(exc)}") from None
+
+
+def _iter_json(obj: Any) -> Iterator[str]:
+    """``iter_json`` without the guard.
+
     Containers at most ``_C_DEPTH`` deep are written by ``json.dumps`` whole (the C
     encoder, its recursion bounded by that depth); only the deeper ones are opened here.
     """
@@ -296,12 +384,15 @@ def dumps(obj: Any) -> str:
 
 def write_json(obj: Any, fp: IO[str]) -> None:
     """``json.dump(obj, fp)``, byte for byte, for JSON-ready values of any depth, written in pieces."""
+    write = getattr(fp, "write", None)
+    if not callable(write):
+        raise InvalidArgumentError(f"fp must be a text file open for writing, got {brief(fp)}")
     pending: list[str] = []
     size = 0
     for piece in iter_json(obj):
         pending.append(piece)
         size += len(piece)
         if size > 1 << 16:
-            fp.write("".join(pending))
+            write("".join(pending))
             pending, size = [], 0
-    fp.write("".join(pending))
+    write("".join(pending))

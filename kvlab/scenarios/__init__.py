@@ -28,7 +28,7 @@ from types import ModuleType
 from typing import Any, NamedTuple
 
 from kvlab.core import jsonio
-from kvlab.errors import LIMITS, ScenarioError, brief
+from kvlab.errors import LIMITS, InvalidArgumentError, ScenarioError, brief, check_text
 
 MODULES = {
     "prefix-cache": "kvlab.scenarios.prefix_cache",
@@ -81,7 +81,7 @@ def load_scenario(data: bytes | str) -> tuple[str | None, dict[str, Any], list[A
             "optional 'model'"
         )
     model = data.get("model")
-    if model is not None and not isinstance(model, str):
+    if model is not None and type(model) is not str:  # JSON gives exact types
         raise ScenarioError(f"'model' must be a string naming the model, got {brief(model)}")
     config = data.get("config", {})
     ops = data.get("ops")
@@ -94,8 +94,10 @@ def load_scenario(data: bytes | str) -> tuple[str | None, dict[str, Any], list[A
 
 
 def check_num_ops(ops: list[Any]) -> None:
-    """At most ``LIMITS.ops`` ops in one scenario."""
-    if len(ops) > LIMITS.ops:
+    """At most ``LIMITS.ops`` ops in one scenario (a list; its length read by ``list`` itself, not an override)."""
+    if not isinstance(ops, list):
+        raise ScenarioError(f"'ops' must be a list of operations, got {brief(ops)} ({type(ops).__name__})")
+    if list.__len__(ops) > LIMITS.ops:
         raise ScenarioError(
             f"the scenario has {len(ops):,} ops; kvlab replays at most {LIMITS.ops:,} (LIMITS.ops): split it, "
             "or lift the limit deliberately with kvlab.errors.raised_limits(ops=...)"
@@ -112,7 +114,7 @@ def parse_scenario(scenario: object) -> tuple[str | None, dict[str, Any], list[A
     if isinstance(scenario, dict):
         try:
             scenario = jsonio.dumps(scenario)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, InvalidArgumentError) as exc:
             raise ScenarioError(f"the scenario is not JSON data: {exc}") from None
     elif not isinstance(scenario, (str, bytes, bytearray)):
         raise ScenarioError(
@@ -123,6 +125,13 @@ def parse_scenario(scenario: object) -> tuple[str | None, dict[str, Any], list[A
 
 def check_model(named: object, model: str) -> None:
     """A scenario may name the model it was written for (playground exports do); it must be this one."""
+    if named is not None:
+        try:
+            named = check_text("the scenario's model", named)
+        except InvalidArgumentError as exc:
+            raise ScenarioError(str(exc)) from None
+    if type(model) is not str or model not in MODULES:
+        model = module(model).NAME  # refuses anything but one of MODULES, by exact value
     if named is None or named == model:
         return
     if named == "block-pool":

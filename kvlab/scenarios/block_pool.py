@@ -62,7 +62,7 @@ class Run(checks.PoolRun):
 
 
 def _build(config: Any, *, record: bool) -> BlockPool:
-    checks.check_config_keys(config, NAME, sorted(CONFIG_KEYS))
+    config = checks.check_config_keys(config, NAME, sorted(CONFIG_KEYS))
     for key in ("block_size", "num_blocks"):
         checks.config_size(config, key)
     scheme = checks.config_hash(config)

@@ -101,7 +101,7 @@ class Run(checks.PoolRun):
 
 
 def _build(config: Any, *, record: bool) -> PrefixCache:
-    checks.check_config_keys(config, NAME, CONFIG_KEYS)
+    config = checks.check_config_keys(config, NAME, CONFIG_KEYS)
     for key in ("block_size", "num_blocks"):  # bounded by LIMITS.block_size / LIMITS.num_blocks
         if key not in config:
             raise ScenarioError(f"config needs '{key}' (an integer >= 1)")
@@ -112,14 +112,14 @@ def _build(config: Any, *, record: bool) -> PrefixCache:
 
 
 def _apply(cache: PrefixCache, op: dict[str, Any]) -> Outcome:
-    record, refused, _ = _step(cache, op)
+    record, refused, _ = _step(cache, op, tables=True)
     record["free_queue"] = cache.free_queue()
     return Outcome(record, refused)
 
 
 def _apply_changes(cache: PrefixCache, op: dict[str, Any]) -> Outcome:
     """The op's record without ``block_table`` and ``free_queue``: what left and joined the free queue instead."""
-    record, refused, released = _step(cache, op)
+    record, refused, released = _step(cache, op, tables=False)
     left: list[int] = []
     front: list[int] = []
     back: list[int] = []
@@ -133,7 +133,9 @@ def _apply_changes(cache: PrefixCache, op: dict[str, Any]) -> Outcome:
     return Outcome(record, refused)
 
 
-def _step(cache: PrefixCache, op: dict[str, Any]) -> tuple[dict[str, Any], str | None, tuple[int, ...]]:
+def _step(
+    cache: PrefixCache, op: dict[str, Any], *, tables: bool
+) -> tuple[dict[str, Any], str | None, tuple[int, ...]]:
     """Apply ``op``: (its record without the free queue, why the pool refused it or None, blocks a free released)."""
     released: tuple[int, ...] = ()
     name = op["op"]
@@ -162,14 +164,15 @@ def _step(cache: PrefixCache, op: dict[str, Any]) -> tuple[dict[str, Any], str |
                 record.update(
                     num_cached_tokens=found.num_cached_tokens, hit_block_ids=list(found.hit_block_ids)
                 )
-            else:
+            elif tables:
                 record["block_table"] = list(cache.block_table(req))
         else:
             record.update(
                 num_cached_tokens=result.num_cached_tokens,
                 hit_block_ids=list(result.hit_block_ids),
                 new_block_ids=list(result.new_block_ids),
-                block_table=list(result.block_table),
                 evicted=list(result.evicted),
             )
+            if tables:  # --changes records leave the table out: an append then costs what it adds
+                record["block_table"] = list(result.block_table)
     return record, refused, released

@@ -64,7 +64,15 @@ from typing import Any
 from kvlab.errors import InvalidArgumentError, KvlabError, ScenarioError, brief, check_bool, check_size
 from kvlab.models.radix import RadixNode, RadixTree
 from kvlab.scenarios import Outcome
-from kvlab.scenarios.checks import check_ops, check_string, check_token_list, op_name, replay_ops
+from kvlab.scenarios.checks import (
+    _check_string,
+    _op_name,
+    check_index,
+    check_ops,
+    check_token_list,
+    plain_object,
+    replay_ops,
+)
 
 NAME = "radix"
 CONFIG_KEYS = ("page_size",)
@@ -120,7 +128,10 @@ class Run:
 
     def apply(self, op: Any, index: int) -> Outcome:
         """Apply one op; a bad op raises ScenarioError naming ``index``, having changed nothing."""
-        name = op_name(op, index, OP_FIELDS, '{"op": "insert", "tokens": [1, 2]}')
+        index = check_index(index)
+        if isinstance(op, dict):
+            op = plain_object(op, "the op", index)
+        name = _op_name(op, index, OP_FIELDS, '{"op": "insert", "tokens": [1, 2]}')
         try:
             return Outcome(_apply(self.model, self.handles, name, op, index, self._changes))
         except KvlabError as exc:
@@ -132,6 +143,7 @@ class Run:
 def _page_size(config: object) -> int:
     if not isinstance(config, dict):
         raise ScenarioError('the radix config must be a JSON object such as {"page_size": 1}')
+    config = plain_object(config, "the radix config")
     unknown = sorted(set(config) - set(CONFIG_KEYS), key=str)
     if unknown:
         raise ScenarioError(f"unknown radix config key(s) {brief(unknown)}: the only key is 'page_size'")
@@ -163,7 +175,7 @@ def _apply(
             changes.after_insert(tokens, extra_key)
     elif name == "match":
         tokens, extra_key = _key(op, index)
-        handle = check_string(op, "as", index, "a non-empty string naming the matched node")
+        handle = _check_string(op, "as", index, "a non-empty string naming the matched node")
         result = tree.match(tokens, extra_key)
         if handle is not None:
             handles[handle] = result.node
@@ -171,7 +183,7 @@ def _apply(
         if changes is not None:
             changes.after_match(result.node)
     elif name in ("lock", "unlock"):
-        ref = check_string(op, "node", index, 'the name a match gave with "as"')
+        ref = _check_string(op, "node", index, 'the name a match gave with "as"')
         if ref not in handles:
             known = ", ".join(repr(h) for h in list(handles)[:8]) or "none yet"
             more = ", ..." if len(handles) > 8 else ""
@@ -351,14 +363,8 @@ class _Changes:
             self.next_id = created[-1].node_id + 1
 
     def after_evict(self, runs: list[tuple[int, ...]]) -> None:
-        for run in runs:  # in the order they went: the mirror passes through the states the tree did
-            # the tree evicts the least recently accessed evictable leaf: among the mirror's leaves of
-            # this run that are gone, the one with the oldest access
-            gone = [n for n in self.leaves.get(run, {}).values() if not n.alive]
-            if not gone:  # pragma: no cover - the mirror follows every leaf; a miss is a bug
-                raise AssertionError(f"evicted run {list(run)[:8]} is not a leaf of the mirror")
-            leaf = min(gone, key=lambda n: n.last_access)
-            self._leaf_out(leaf, run)
+        for leaf in self.tree.evicted_nodes:  # in the order they went (their runs are ``runs``)
+            self._leaf_out(leaf, leaf.key)
             del self.kids[leaf.node_id]
             self.removed.append(leaf.node_id)
             parent = leaf.parent

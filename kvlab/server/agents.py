@@ -22,12 +22,19 @@ figures are the same either way, since no prompt repeats the previous one.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from kvlab.errors import LIMITS, MAX_TOKEN_ID, InvalidArgumentError, check_int, check_size
+from kvlab.errors import (
+    LIMITS,
+    MAX_TOKEN_ID,
+    InvalidArgumentError,
+    check_int,
+    check_items,
+    check_size,
+    check_text,
+)
 from kvlab.server.inputs import call_user, read_tokens
 from kvlab.server.slots import SlotServer, _lcp
 
@@ -42,14 +49,7 @@ class HistoryPolicy(Protocol):
 def _policy_args(prefix: object, results: object) -> tuple[list[int], list[list[int]]]:
     """A policy's arguments checked: token ids, at most ``LIMITS.turns`` results."""
     pre = read_tokens("prefix", prefix, allow_empty=True)
-    if isinstance(results, (str, bytes)) or not hasattr(results, "__iter__"):
-        raise InvalidArgumentError(f"results must be a list of token lists, got {type(results).__name__}")
-    try:
-        rows = list(itertools.islice(iter(results), LIMITS.turns + 1))  # type: ignore[call-overload]
-    except Exception as exc:
-        raise InvalidArgumentError(f"results could not be read: {type(exc).__name__}") from exc
-    if len(rows) > LIMITS.turns:
-        raise InvalidArgumentError(f"results has more than {LIMITS.turns:,} items (LIMITS.turns)")
+    rows = check_items("results", results, "turns", what="a list of token lists")
     return pre, [read_tokens(f"results[{i}]", r, allow_empty=True) for i, r in enumerate(rows)]
 
 
@@ -189,8 +189,7 @@ def run_agent(
             "reading the policy's name",
             lambda: getattr(policy, "name", None) or getattr(policy, "__name__", "custom policy"),
         )
-    if not isinstance(name, str):
-        raise InvalidArgumentError("name must be a string")
+    name = check_text("name", name)
     if server is not None and not isinstance(server, SlotServer):
         raise InvalidArgumentError("server must be a kvlab.server.slots.SlotServer or None")
     prefix = tuple(range(prefix_tokens))

@@ -33,11 +33,12 @@ from kvlab.core.workloads import JavaRandom, java_list_hash
 from kvlab.errors import (
     LIMITS,
     InvalidArgumentError,
-    brief,
     check_bool,
     check_choice,
     check_int,
+    check_items,
     check_size,
+    check_text,
 )
 from kvlab.server.inputs import call_user, read_tokens
 
@@ -138,9 +139,7 @@ class Segment:
     build: Callable[[AgentSession, int], Sequence[int]]
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise InvalidArgumentError(f"a segment needs a non-empty name, got {brief(self.name)}")
-        object.__setattr__(self, "name", str.__str__(self.name))
+        object.__setattr__(self, "name", check_text("a segment's name", self.name, allow_empty=False))
         if not callable(self.build):
             raise InvalidArgumentError(
                 f"segment {self.name!r}: build must be a callable (session, turn) -> tokens"
@@ -286,13 +285,17 @@ def run_layout(
     session: AgentSession | None = None,
 ) -> LayoutRun:
     """Run ``turns`` turns of an agent session with this layout and count cached tokens per turn."""
-    if isinstance(segments, Segment) or not isinstance(segments, Sequence) or not segments:
-        raise InvalidArgumentError("segments must be a non-empty list of Segment")
+    if isinstance(segments, Segment):
+        raise InvalidArgumentError(
+            "segments must be a non-empty list of Segment, not one Segment: use [segment]"
+        )
+    segments = check_items("segments", segments, what="a non-empty list of Segment")
+    if not segments:
+        raise InvalidArgumentError("segments must be a non-empty list of Segment, got an empty one")
     for i, s in enumerate(segments):
         if not isinstance(s, Segment):
             raise InvalidArgumentError(f"segments[{i}] must be a Segment, got {type(s).__name__}")
-    if not isinstance(name, str):
-        raise InvalidArgumentError("name must be a string")
+    name = check_text("name", name)
     turns = check_size("turns", turns, "turns", minimum=1)
     block_size = check_size("block_size", block_size, "block_size", minimum=1)
     scheme = check_choice("scheme", scheme, SCHEMES)

@@ -3,16 +3,21 @@
 A client names a slot file; the server reads or writes ``DIR/name``. Whoever sends the name is
 untrusted, and so is whatever else lives in the directory, so three things are checked:
 
-* **The name** (``check_filename``) is one plain file name: not empty, not ``.`` or ``..``, no
-  ``..`` anywhere, no ``/`` or ``\\`` or NUL, no control character, none of ``: * ? " < > |``
-  (illegal on Windows, and ``:`` opens an NTFS alternate stream), no Unicode look-alike of a dot
-  or a slash (U+FF0E, U+2215, U+2216), no byte-order mark or replacement character, no lone
-  surrogate (it has no UTF-8 form), at most 255 bytes of UTF-8 (NAME_MAX of ext4, XFS, APFS and
-  NTFS), no whitespace at either end and no trailing dot (Windows strips them, so two names would
-  mean one file). kvlab also refuses names that start with ``.`` (hidden files, and the prefix of
-  its own temporary files) or end with ``.tmp`` (the suffix of its temporary files), and Windows'
-  reserved device names ``CON PRN AUX NUL COM1-9 LPT1-9`` with any extension, which name a device
-  rather than a file there (``NUL.bin`` is the null device).
+* **The name** (``check_filename``) is one plain file name, by one allow-list rule: it is made
+  only of letters and digits (Unicode categories L and Nd), ``-``, ``_`` and ``.``, and is in NFKC
+  form (its compatibility normal form is itself). Everything else is refused: ``/``, ``\\``, NUL,
+  spaces, ``: * ? " < > | $``, control and format characters (bidi overrides such as U+202E, U+2066
+  to U+2069, U+200E/U+200F, zero-width characters), line and paragraph separators, look-alikes of a
+  slash or a dot (U+FF0F, U+2044, U+2215, U+29F8, U+FF0E: none is a letter or digit, and the
+  fullwidth forms are not NFKC), superscript digits (``COM¹``), the blank Hangul filler letters, and
+  lone surrogates. On top of it: not empty, no ``..`` anywhere, no ``.`` at either end (hidden files,
+  the prefix of kvlab's temporary files, and Windows strips a trailing dot), not ending in ``.tmp``
+  (kvlab's temporary files), at most 255 bytes of UTF-8 (NAME_MAX of ext4, XFS, APFS and NTFS), and
+  not one of Windows' device names ``CON PRN AUX NUL COM0-9 LPT0-9`` with any extension, in any
+  case (``nul.bin`` is the null device there). Since NFKC is checked first, no compatibility form
+  can spell a refused name. Stricter than llama-server on purpose: a name is sent by an untrusted
+  client, and a rule that lists what is allowed cannot miss a dangerous character the way a list of
+  refused ones can.
 * **Reading** opens the name relative to the directory (``dir_fd``) with ``O_NOFOLLOW`` and
   ``O_NONBLOCK``: a symlink planted in the directory is refused, not followed, and a FIFO does not
   block. The opened file must be a regular file (``fstat``), and at most ``max_bytes`` are read.
@@ -22,10 +27,13 @@ untrusted, and so is whatever else lives in the directory, so three things are c
   fails on the way, the temporary file is removed. A target that exists and is not a regular
   file (a directory, a symlink, a FIFO) is refused.
 
-llama-server itself validates the name with ``fs_validate_filename`` (common/common.cpp: the checks
-above from "not empty" to "no trailing dot", without kvlab's extra four) and then opens
-``--slot-save-path`` + name with ``fopen`` -- which follows a symlink, on save and on restore, and
-writes in place, so an interrupted save leaves a truncated file.
+llama-server itself validates the name with ``fs_validate_filename`` (common/common.cpp at
+0c1e57098): at most 255 bytes of valid UTF-8, no C0/C1 control character or DEL, none of
+``/ \\ : * ? " < > |``, no U+FF0E, U+2215, U+2216, U+FFFD or U+FEFF, no ``..`` anywhere, not ``.``,
+no leading or trailing space and no trailing dot. It lets through the rest of Unicode (bidi
+overrides, zero-width characters, other slash look-alikes), inner spaces and Windows device names.
+It then opens ``--slot-save-path`` + name with ``fopen`` -- which follows a symlink, on save and on
+restore, and writes in place, so an interrupted save leaves a truncated file.
 
 On systems without ``dir_fd`` or ``O_NOFOLLOW`` (Windows) the same checks are made with ``lstat``
 just before opening; the window between the two is then the only gap.
@@ -41,67 +49,98 @@ import stat
 import unicodedata
 from pathlib import Path
 
-from kvlab.errors import InvalidArgumentError, SlotFileError, brief
+from kvlab.errors import InvalidArgumentError, SlotFileError, brief, check_text
 
 NAME_MAX_BYTES = 255
 TEMP_PREFIX = ".kvlab-"
 TEMP_SUFFIX = ".tmp"
 RESERVED_NAMES = frozenset(
-    ["CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(1, 10)), *(f"LPT{i}" for i in range(1, 10))]
-)
-_ILLEGAL = set(':*?"<>|')
-_LOOKALIKES = {"\uff0e": "a fullwidth full stop", "\u2215": "a division slash", "\u2216": "a set minus"}
-_INVISIBLE = {"\ufeff": "a byte-order mark", "\ufffd": "a replacement character"}
+    ["CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(10)), *(f"LPT{i}" for i in range(10))]
+)  # Windows' device names (CONIN$, CONOUT$, COM¹ ... are refused by the allow-list: '$', '¹')
+ALLOWED_PUNCTUATION = frozenset("-_.")
+ALLOWED_RULE = "letters, digits, '-', '_' and '.'"
+# Letters that are Default_Ignorable_Code_Point in Unicode: they render as nothing
+_BLANK_LETTERS = frozenset("\u115f\u1160\u3164\uffa0")
 _FAST = hasattr(os, "O_NOFOLLOW") and os.open in os.supports_dir_fd and os.replace in os.supports_dir_fd
 
 
 def check_filename(filename: object) -> str:
-    """Return ``filename`` as a plain ``str`` if it names one plain file inside a directory; refuse anything else."""
+    """Return ``filename`` as plain text if it names one plain file inside a directory; refuse anything else.
+
+    The rule is an allow-list (see the module docstring): NFKC-stable letters and digits, ``-``,
+    ``_`` and ``.``; no ``.`` at either end, no ``..``, no ``.tmp`` suffix, no Windows device name,
+    at most 255 bytes.
+    """
     if not isinstance(filename, str):
         raise InvalidArgumentError(
             f"filename must be a string such as 'agent-prefix.bin', got {type(filename).__name__}"
         )
-    name = str.__str__(filename)  # a str subclass keeps no behaviour of its own
+    name = check_text("filename", filename)  # a str subclass keeps no behaviour of its own
     shown = brief(name)
 
     def bad(why: str) -> InvalidArgumentError:
         return InvalidArgumentError(
-            f"filename {shown} {why}: give a bare file name such as 'agent-prefix.bin'"
+            f"filename {shown} {why}: a slot file name is made of {ALLOWED_RULE} only, "
+            "such as 'agent-prefix.bin'"
         )
 
     if not name:
         raise InvalidArgumentError("filename is empty: give a bare file name such as 'agent-prefix.bin'")
     if name in (".", ".."):
         raise bad("names a directory")
-    seps = {"/", "\\", os.sep} | ({os.altsep} if os.altsep else set())
-    if any(sep in name for sep in seps):
-        raise bad("contains a path separator")
-    if ".." in name:
-        raise bad("contains '..'")
-    if "\0" in name:
-        raise bad("contains a NUL character")
-    try:
-        size = len(name.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise bad("contains a lone surrogate, which has no UTF-8 form") from None
+    for ch in name:
+        if not _allowed(ch):
+            raise bad(f"contains {_describe(ch)}")
+    normal = unicodedata.normalize("NFKC", name)
+    if normal != name:
+        raise bad(
+            f"is not in Unicode NFKC form, which is {brief(normal)} (a compatibility form stands for it)"
+        )
+    size = len(name.encode("utf-8"))
     if size > NAME_MAX_BYTES:
         raise bad(f"is {size} bytes long in UTF-8; file systems allow {NAME_MAX_BYTES}")
-    for ch in name:
-        if unicodedata.category(ch) == "Cc":
-            raise bad(f"contains the control character U+{ord(ch):04X}")
-        if ch in _ILLEGAL:
-            raise bad(f"contains {ch!r}, which Windows does not allow in a file name")
-        if ch in _LOOKALIKES or ch in _INVISIBLE:
-            raise bad(f"contains {(_LOOKALIKES | _INVISIBLE)[ch]} (U+{ord(ch):04X})")
-    if name.strip() != name or name.endswith("."):
-        raise bad("starts or ends with whitespace or ends with '.'")
+    if ".." in name:
+        raise bad("contains '..'")
     if name.startswith("."):
         raise bad("starts with '.' (hidden files and kvlab's temporary files do)")
-    if name.endswith(TEMP_SUFFIX):
+    if name.endswith("."):
+        raise bad("ends with '.', which Windows strips (two names would mean one file)")
+    if name.lower().endswith(TEMP_SUFFIX):
         raise bad(f"ends with {TEMP_SUFFIX!r}, the suffix of kvlab's temporary files")
     if name.split(".")[0].upper() in RESERVED_NAMES:
-        raise bad("is a reserved device name on Windows")
+        raise bad("is a reserved device name on Windows, whatever its extension")
     return name
+
+
+def _allowed(ch: str) -> bool:
+    if ch.isascii():
+        return ch.isalnum() or ch in ALLOWED_PUNCTUATION
+    category = unicodedata.category(ch)
+    return (category[0] == "L" or category == "Nd") and ch not in _BLANK_LETTERS
+
+
+_KINDS = {
+    "Cc": "a control character",
+    "Cf": "an invisible format character",
+    "Zs": "a space",
+    "Zl": "a line separator",
+    "Zp": "a paragraph separator",
+    "Co": "a private-use character",
+    "Cn": "an unassigned code point",
+    "Cs": "a lone surrogate, which has no UTF-8 form",
+}
+_NOTES = {
+    "/": "a path separator",
+    "\\": "a path separator",
+    "\ufeff": "a byte-order mark",
+    **{ch: "not allowed in Windows file names" for ch in ':*?"<>|'},
+}
+
+
+def _describe(ch: str) -> str:
+    """One character as a message shows it: its code point, Unicode name and kind, never the raw character."""
+    parts = [unicodedata.name(ch, "").lower(), _KINDS.get(unicodedata.category(ch), ""), _NOTES.get(ch, "")]
+    return f"U+{ord(ch):04X} ({', '.join(p for p in parts if p) or 'a character outside the rule'})"
 
 
 def check_directory(directory: object) -> Path:
@@ -111,7 +150,10 @@ def check_directory(directory: object) -> Path:
             f"directory must be a path (the server's --slot-save-path), got {type(directory).__name__}"
         )
     try:
-        d = Path(directory)
+        raw = os.fspath(directory)  # a PathLike's own path: it must be text too
+        if not isinstance(raw, str):
+            raise TypeError(f"its path is {type(raw).__name__}, not str")
+        d = Path(check_text("directory", raw))  # plain text: a str subclass keeps no behaviour
         ok = d.is_dir()
     except Exception as exc:  # a NUL in the path, a PathLike that lies or raises
         raise InvalidArgumentError(f"directory {brief(directory)} is not a usable path: {exc}") from None

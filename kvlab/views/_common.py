@@ -13,7 +13,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from kvlab.core.snapshots import History, Step
-from kvlab.errors import LIMITS, InvalidArgumentError, brief, cdiv, check_int, check_optional_str
+from kvlab.errors import (
+    LIMITS,
+    InvalidArgumentError,
+    brief,
+    cdiv,
+    check_int,
+    check_items,
+    check_optional_str,
+    check_size,
+)
 from kvlab.views import theme
 from kvlab.views.text import caption
 from kvlab.views.theme import INK, TEMPLATE_NAME
@@ -31,7 +40,7 @@ def steps_of(history: object, state_type: type | tuple[type, ...] | None = None)
     if isinstance(history, History):
         steps = list(history.steps)
     elif isinstance(history, (list, tuple)):
-        steps = list(history)
+        steps = read_items("history", history)
     else:
         raise InvalidArgumentError(
             f"expected a kvlab History (a model built with record=True keeps one as .history) "
@@ -66,6 +75,15 @@ def check_state(name: str, state: object, state_type: type) -> None:
             f"{name} must be a kvlab.core.snapshots.{state_type.__name__}, got {type(state).__name__}; "
             f"take one with model.snapshot() or from model.history"
         )
+
+
+def check_drawn_blocks(num_blocks: object, *, minimum: int = 0) -> int:
+    """A pool a figure draws, one cell per block: at most ``LIMITS.drawn_blocks`` blocks.
+
+    Drawing costs time and memory per cell (16,384 blocks take about 3 s; a million would take
+    minutes and gigabytes), and past a few thousand cells none can be read: draw a smaller pool.
+    """
+    return check_size("num_blocks", num_blocks, "drawn_blocks", minimum=minimum)
 
 
 def check_title(title: object) -> str | None:
@@ -359,14 +377,37 @@ def run_label(tokens: Sequence[int], limit: int = 6) -> str:
     return f"[{tokens[0]}, {tokens[1]}, … {tokens[-1]}] ({len(tokens)})"
 
 
+def read_items(name: str, value: object) -> list[Any]:
+    """A user's list of records or numbers as a plain list, at most ``LIMITS.count`` items (``check_items``)."""
+    return check_items(name, value, "count", what="a list")
+
+
+def read_pairs(name: str, value: Mapping[Any, Any]) -> list[tuple[Any, Any]]:
+    """A user's mapping as a list of (key, value) pairs; whatever its own methods raise is kvlab's error."""
+    try:
+        pairs = list(dict.items(value)) if isinstance(value, dict) else list(value.items())
+    except Exception as exc:
+        raise InvalidArgumentError(f"{name} could not be read as a mapping: {brief(exc)}") from exc
+    return check_items(name, pairs, "count", what="a mapping")  # type: ignore[return-value]
+
+
 def field(record: object, *names: str, default: Any = ...) -> Any:
-    """The first of ``names`` that ``record`` has, as a mapping key or an attribute."""
-    for name in names:
-        if isinstance(record, Mapping):
-            if name in record:
-                return record[name]
-        elif hasattr(record, name):
-            return getattr(record, name)
+    """The first of ``names`` that ``record`` has, as a mapping key or an attribute.
+
+    A record is a user's object: whatever its ``__contains__``, ``__getitem__`` or attributes raise
+    while they are read is refused as kvlab's error, chained from the original.
+    """
+    try:
+        for name in names:
+            if isinstance(record, Mapping):
+                if name in record:
+                    return record[name]
+            elif hasattr(record, name):
+                return getattr(record, name)
+    except Exception as exc:
+        raise InvalidArgumentError(
+            f"reading {', '.join(names)} of a record ({type(record).__name__}) raised {brief(exc)}"
+        ) from exc
     if default is not ...:
         return default
     raise InvalidArgumentError(

@@ -162,8 +162,8 @@ def agent_turn_spec(
 ) -> Spec:
     """One turn of every policy as plain dicts: the prompt (cached | processed) and the running total."""
     _check_state(state)
-    check_title(title)
-    check_title(caption)
+    title = check_title(title)
+    caption = check_title(caption)
     prompts = [c.prompt_tokens if c else 0 for c in state.current]
     if prompt_max is None:
         prompt_max = max(prompts)
@@ -236,7 +236,7 @@ def agent_turns_animation(
     frame_ms: int = DEFAULT_FRAME_MS,
 ) -> go.Figure:
     """The runs turn by turn, with play and a slider; works in exported HTML."""
-    check_title(title)
+    title = check_title(title)
     history = agent_turns_history(runs)
     hints = agent_turns_hints(history)
     steps = steps_of(history, AgentTurnsState)
@@ -315,7 +315,7 @@ def prompt_split_figure(
     The numbers over the bars are the tokens processed on that turn; each
     panel's heading gives the run's total and its final prompt.
     """
-    check_title(title)
+    title = check_title(title)
     pairs = _runs(runs)
     k = len(pairs)
     panel_px, gap_px = 200, 60

@@ -22,12 +22,13 @@ from typing import Any
 import plotly.graph_objects as go
 
 from kvlab.core.snapshots import BlockPoolState, BlockState
-from kvlab.errors import InvalidArgumentError, UnknownRequestError, brief, check_int, check_size
+from kvlab.errors import InvalidArgumentError, UnknownRequestError, brief, check_int, check_text
 from kvlab.views import theme
 from kvlab.views._common import (
     LABEL_WIDTH,
     STATUS_CODE,
     Spec,
+    check_drawn_blocks,
     check_state,
     check_title,
     cross_path,
@@ -53,9 +54,9 @@ def grid_shape(num_blocks: int) -> tuple[int, int]:
     """(columns, rows) of the block grid: one row up to 12 blocks, then rows of 8, 16 or 32.
 
     Up to 64 blocks the rows hold 8, so that each cell is wide enough to name
-    its owner at the default figure width. ``num_blocks`` is at most ``LIMITS.num_blocks``.
+    its owner at the default figure width. ``num_blocks`` is at most ``LIMITS.drawn_blocks``.
     """
-    num_blocks = check_size("num_blocks", num_blocks, "num_blocks")
+    num_blocks = check_drawn_blocks(num_blocks)
     if num_blocks <= 12:
         cols = max(num_blocks, 1)
     elif num_blocks <= 64:
@@ -156,14 +157,24 @@ def _table_cell(rid: str, logical: int, b: int, k: int, bs: int, ref: int | None
             f"slots {b * bs}–{b * bs + max(k, 1) - 1}")  # fmt: skip
 
 
+def _plain_items(value: object) -> list[Any] | None:
+    """A list's or tuple's items, read by ``list``/``tuple`` themselves (never a subclass's overrides); else None."""
+    if isinstance(value, list):
+        return list.copy(value)
+    if isinstance(value, tuple):
+        return list(tuple.__iter__(value))
+    return None
+
+
 def _check_highlight(state: BlockPoolState, highlight: object) -> tuple[str, int] | None:
     if highlight is None:
         return None
-    if not isinstance(highlight, (tuple, list)) or len(highlight) != 2 or not isinstance(highlight[0], str):
+    pair = _plain_items(highlight)
+    if pair is None or len(pair) != 2 or not isinstance(pair[0], str):
         raise InvalidArgumentError(
             f"highlight must be (request_id, token_position), e.g. ('A', 36); got {brief(highlight)}"
         )
-    rid, pos = str.__str__(highlight[0]), highlight[1]
+    rid, pos = check_text("highlight request", pair[0]), pair[1]
     pos = check_int("highlight position", pos, minimum=0)
     ids = [r for r, _ in state.tables]
     if rid not in ids:

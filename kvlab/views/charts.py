@@ -14,7 +14,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from kvlab.errors import InvalidArgumentError
+from kvlab.errors import InvalidArgumentError, brief, check_bool, check_text
 from kvlab.views import theme
 from kvlab.views._common import (
     base_layout,
@@ -22,6 +22,8 @@ from kvlab.views._common import (
     check_title,
     field,
     legend_height,
+    read_items,
+    read_pairs,
     title_text,
     top_margin,
 )
@@ -66,22 +68,34 @@ def _chart_layout(
 def _named_values(data: object, what: str) -> list[tuple[str, Any]]:
     """(name, value-or-record) pairs from a dict or a list of records with a name field."""
     if isinstance(data, Mapping):
-        pairs = list(data.items())
+        pairs = read_pairs(what, data)
     elif isinstance(data, Sequence) and not isinstance(data, (str, bytes)):
         pairs = []
-        for i, rec in enumerate(data):
+        for i, rec in enumerate(read_items(what, data)):
             name = field(rec, "name", "scenario", "method", "label", "policy", default=f"{what} {i + 1}")
-            pairs.append((str(name), rec))
+            pairs.append((_name_text(name), rec))
     else:
         raise InvalidArgumentError(
             f"expected a dict name -> {what} or a list of records, got {type(data).__name__}"
         )
     if not pairs:
         raise InvalidArgumentError(f"no data: give at least one {what}")
-    for name, _ in pairs:
+    for i, (name, value) in enumerate(pairs):
         if not isinstance(name, str):
-            raise InvalidArgumentError(f"names must be strings, got {name!r}")
+            raise InvalidArgumentError(f"names must be strings, got {brief(name)}")
+        pairs[i] = (check_text("a name", name), value)
     return pairs
+
+
+def _name_text(name: object) -> str:
+    """A record's name field as text: a string as its plain text, anything else as ``str`` would write it."""
+    if isinstance(name, str):
+        return check_text("a name", name)
+    try:
+        text = str(name)
+    except Exception as exc:
+        raise InvalidArgumentError(f"a record's name could not be written as text: {brief(exc)}") from exc
+    return check_text("a name", text)
 
 
 # ---------------------------------------------------------------------- hit rate (example 9, lesson 002)
@@ -117,7 +131,7 @@ def hit_rate_figure(rates: Mapping[str, Any] | Sequence[Any], *, title: str | No
     ``cached``/``cache_n`` and ``prompt_tokens``/``total``). A list of records
     with a ``name`` or ``scenario`` field works too (``kvlab.fleet`` results).
     """
-    check_title(title)
+    title = check_title(title)
     pairs = _named_values(rates, "hit rate")
     names = [n for n, _ in pairs]
     values = [_hit_rate_of(n, v) for n, v in pairs]
@@ -159,7 +173,7 @@ def _series(data: object, what: str, value_fields: tuple[str, ...]) -> list[tupl
                 f"{name}: expected a list of numbers per turn, got {type(values).__name__}"
             )
         nums = []
-        for i, v in enumerate(values):
+        for i, v in enumerate(read_items(name, values)):
             if not isinstance(v, (int, float)) or isinstance(v, bool):
                 v = field(v, *value_fields)
             nums.append(check_number(f"{name}[{i}]", v))
@@ -184,9 +198,10 @@ def per_turn_figure(
     cumulative: bool = False,
 ) -> go.Figure:
     """One line per series over turns 1, 2, 3, ...; ``cumulative=True`` plots running totals."""
-    check_title(title)
-    if not isinstance(cumulative, bool):
-        raise InvalidArgumentError(f"cumulative must be True or False, got {cumulative!r}")
+    title = check_title(title)
+    y_title = check_text("y_title", y_title)
+    cumulative = check_bool("cumulative", cumulative)
+    value_fields = tuple(check_text("a value field", f) for f in read_items("value_fields", value_fields))
     rows = _series(series, "series", value_fields or ("values",))
     data = []
     for i, (name, values) in enumerate(rows):
@@ -220,7 +235,7 @@ def tokens_per_turn_figure(
     return per_turn_figure(
         series,
         y_title="tokens processed",
-        title=title or "Tokens processed per turn",
+        title=check_title(title) or "Tokens processed per turn",
         value_fields=("turns", "processed_tokens", "processed", "prompt_n", "computed_tokens", "computed"),
         cumulative=cumulative,
     )
@@ -231,7 +246,10 @@ def tokens_per_turn_figure(
 
 def _cache_n_turns(name: str, turns: object) -> tuple[list[int], list[int]]:
     """(cache_n, prompt_n) per turn of one run."""
-    if isinstance(turns, (str, bytes)) or not isinstance(turns, Sequence) or not turns:
+    if isinstance(turns, (str, bytes)) or not isinstance(turns, Sequence):
+        raise InvalidArgumentError(f"run {name!r}: expected a non-empty list of turns")
+    turns = read_items(f"run {name!r}", turns)
+    if not turns:
         raise InvalidArgumentError(f"run {name!r}: expected a non-empty list of turns")
     cache_n, prompt_n = [], []
     for i, t in enumerate(turns):
@@ -292,12 +310,16 @@ def cache_n_figure(
     ``prompt_n`` (or ``prompt_tokens``, from which prompt_n = prompt_tokens -
     cache_n), or a ``(cache_n, prompt_n)`` pair. A single list of turns is one run.
     """
-    check_title(title)
+    title = check_title(title)
     if isinstance(runs, Sequence) and not isinstance(runs, (str, bytes)):
-        runs = {"": runs}
-    if not isinstance(runs, Mapping) or not runs:
+        pairs = [("", runs)]
+    elif isinstance(runs, Mapping):
+        pairs = read_pairs("runs", runs)
+    else:
+        pairs = []
+    if not pairs:
         raise InvalidArgumentError("runs must be a dict run name -> list of turns, or one list of turns")
-    parsed = [(str(name), *_cache_n_turns(name, turns)) for name, turns in runs.items()]
+    parsed = [(_name_text(name), *_cache_n_turns(_name_text(name), turns)) for name, turns in pairs]
     k = len(parsed)
     gap = 0.08
     width = (1 - gap * (k - 1)) / k
@@ -333,7 +355,7 @@ def _fill_shares(name: str, rec: object) -> tuple[float, float, float, str]:
         100 * s / pool,
         100 * w / pool,
         100 * (pool - s - w) / pool,
-        f" · {n} requests" if n is not None else "",
+        f" · {_name_text(n)} requests" if n is not None else "",
     )
 
 
@@ -345,7 +367,7 @@ def utilization_figure(fills: Mapping[str, Any] | Sequence[Any], *, title: str |
     (``wasted_slots``/``internal_fragmentation``/``wasted``; default 0), and
     optionally ``requests``; ``kvlab.models.utilization.Fill`` objects work as they are.
     """
-    check_title(title)
+    title = check_title(title)
     pairs = _named_values(fills, "fill")
     names = [name for name, _ in pairs]
     stored, wasted, free, requests = (

@@ -22,6 +22,7 @@ from kvlab.views._common import (
     LABEL_WIDTH,
     STATUS_CODE,
     Spec,
+    check_drawn_blocks,
     check_state,
     check_title,
     cross_path,
@@ -89,6 +90,7 @@ class _Shape:
 
 
 def _shape(state: BlockPoolState) -> _Shape:
+    check_drawn_blocks(state.num_blocks)
     usable = max(1, state.num_blocks - (1 if state.null_block is not None else 0))
     cols = min(usable, 16 if usable <= 64 else 32)
     cell_w = (LABEL_WIDTH - 140) / cols  # the cell width in a figure LABEL_WIDTH px wide

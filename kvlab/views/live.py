@@ -20,7 +20,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.basedatatypes import Undefined
 
-from kvlab.errors import InvalidArgumentError, check_int
+from kvlab.errors import InvalidArgumentError, brief, check_choice, check_int, check_items
 from kvlab.views import registry
 from kvlab.views._common import Spec, check_ms, steps_of, title_lines
 from kvlab.views.animations import step_caption
@@ -195,7 +195,10 @@ class Stepper(widgets.VBox):
                 )
         if isinstance(views, str) or callable(views):
             views = [views]
-        if not isinstance(views, Sequence) or not views:
+        if not isinstance(views, Sequence):
+            raise InvalidArgumentError("views must be a view name, a callable, or a non-empty list of them")
+        views = check_items("views", views, what="a view name, a callable, or a non-empty list of them")
+        if not views:
             raise InvalidArgumentError("views must be a view name, a callable, or a non-empty list of them")
         out: list[tuple[str, ViewFn, dict]] = []
         for v in views:
@@ -205,7 +208,7 @@ class Stepper(widgets.VBox):
             view = registry.get(v, extra=", or a callable")
             if not issubclass(state_type, view.state_type):
                 raise InvalidArgumentError(
-                    f"view {v!r} draws {view.state_type.__name__} snapshots, but this history holds {state_type.__name__}"
+                    f"view {brief(v)} draws {view.state_type.__name__} snapshots, but this history holds {state_type.__name__}"
                 )
             out.append((v, view.spec, self._hints(view, highlight)))
         return out
@@ -224,6 +227,10 @@ class Stepper(widgets.VBox):
 
     def spec(self, view: int, index: int) -> Spec:
         """The spec view number ``view`` shows at step ``index`` (what the figure holds after a step)."""
+        view = check_int("view", view, minimum=0, maximum=len(self._views) - 1)
+        index = check_int("index", index, minimum=-len(self.states), maximum=len(self.states) - 1) % len(
+            self.states
+        )
         key = (view, index)
         if key not in self._cache:
             name, fn, hints = self._views[view]
@@ -244,7 +251,7 @@ class Stepper(widgets.VBox):
 
     def go_to(self, index: int) -> None:
         """Show step ``index`` (negative counts from the end)."""
-        check_int("index", index)
+        index = check_int("index", index)
         n = len(self.states)
         if not -n <= index < n:
             raise InvalidArgumentError(f"step {index} does not exist: the history has steps 0..{n - 1}")
@@ -252,6 +259,7 @@ class Stepper(widgets.VBox):
 
     def step(self, delta: int) -> None:
         """Move ``delta`` steps, stopping at either end."""
+        delta = check_int("delta", delta)
         self.slider.value = min(max(self.index + delta, 0), len(self.states) - 1)
 
     def _on_slider(self, change: dict[str, Any]) -> None:
@@ -272,6 +280,5 @@ def stepper(history: object, kind: str | None = None, **options: Any) -> Stepper
     if kind is None:
         return Stepper(history, **options)
     kinds = registry.kinds()
-    if kind not in kinds:
-        raise InvalidArgumentError(f"unknown kind {kind!r}: use one of {', '.join(kinds)}")
+    kind = check_choice("kind", kind, tuple(kinds))
     return Stepper(history, kinds[kind], **options)

@@ -16,9 +16,18 @@ from typing import Any
 import ipywidgets as widgets
 
 from kvlab import scenarios
+from kvlab.core import jsonio
 from kvlab.core.snapshots import BlockPoolState, History
-from kvlab.errors import InvalidArgumentError, KvlabError, ScenarioError, check_int
-from kvlab.views._common import Spec
+from kvlab.errors import (
+    InvalidArgumentError,
+    KvlabError,
+    ScenarioError,
+    brief,
+    check_int,
+    check_optional_str,
+    check_size,
+)
+from kvlab.views._common import Spec, check_drawn_blocks
 from kvlab.views.block_pool import block_pool_spec
 from kvlab.views.free_queue import free_queue_spec
 from kvlab.views.live import LiveFigure, Stepper
@@ -65,9 +74,9 @@ class Playground(widgets.VBox):
         null_block: bool = False,
         hash_scheme: str = "lesson",
     ) -> None:
-        if model not in MODELS:
-            raise InvalidArgumentError(f"unknown model {model!r}: use one of {', '.join(MODELS)}")
-        check_int("num_blocks", num_blocks, minimum=1)
+        if type(model) is not str or model not in MODELS:  # by exact text, never the value's own __eq__
+            raise InvalidArgumentError(f"unknown model {brief(model)}: use one of {', '.join(MODELS)}")
+        check_drawn_blocks(num_blocks, minimum=1)  # every block is drawn: at most LIMITS.drawn_blocks
         check_int("block_size", block_size, minimum=1)
         self.model_name = model
         self._scenario = scenarios.module(model)
@@ -105,8 +114,9 @@ class Playground(widgets.VBox):
         Returns False when the pool refused it (not enough free blocks): the
         refusal is recorded, as the replay CLI's ``"ok": false``, and nothing else changes.
         """
-        check_int("num_tokens", num_tokens, minimum=1)
-        check_int("prefix", prefix, minimum=0)
+        num_tokens = check_size("num_tokens", num_tokens, "tokens", minimum=1)
+        prefix = check_size("prefix", prefix, "tokens")
+        cache_salt = check_optional_str("cache_salt", cache_salt)
         if prefix > num_tokens:
             raise InvalidArgumentError(
                 f"the shared prefix ({prefix}) cannot be longer than the request ({num_tokens})"
@@ -125,7 +135,7 @@ class Playground(widgets.VBox):
 
     def append(self, request: str, num_tokens: int) -> bool:
         """Decode ``num_tokens`` fresh tokens into ``request``; False (recorded) when the pool refused."""
-        check_int("num_tokens", num_tokens, minimum=1)
+        num_tokens = check_size("num_tokens", num_tokens, "tokens", minimum=1)
         return self.apply({"op": "append", "req": request, "tokens": self._fresh(num_tokens)})
 
     def fork(self, parent: str, child: str) -> bool:
@@ -144,6 +154,7 @@ class Playground(widgets.VBox):
         ``"ok": false``) and returns False; its reason is in ``refused``. Any
         other failure raises a KvlabError and records nothing.
         """
+        op = _plain_op(op)  # a copy of plain JSON data: the caller's object is neither trusted nor kept
         reason = self._run.apply(op, len(self.ops)).refused
         if reason is not None:
             self.refused[len(self.ops)] = reason
@@ -214,6 +225,8 @@ class Playground(widgets.VBox):
         ``"prefix-cache"`` (the replay CLI's JSON) when it has none.
         """
         named, config, _ = _parse_scenario(scenario)
+        if model is not None and (type(model) is not str or model not in MODELS):
+            raise InvalidArgumentError(f"unknown model {brief(model)}: use one of {', '.join(MODELS)}")
         if model is not None and named is not None and model != named:
             raise ScenarioError(f"the scenario is for the {named} model, not {model}")
         model = model or named or "prefix-cache"
@@ -422,6 +435,17 @@ def _next_id(used: set[str]) -> str:
         if name not in used:
             return name
     return f"R{len(used)}"
+
+
+def _plain_op(op: object) -> dict[str, Any]:
+    """``op`` as plain JSON data of its own, written out and read back within kvlab's limits."""
+    if not isinstance(op, dict):
+        raise ScenarioError(f'an op is a dict such as {{"op": "free", "req": "A"}}, got {brief(op)}')
+    try:
+        text = jsonio.dumps(op)
+    except KvlabError as exc:
+        raise ScenarioError(f"the op is not JSON data: {exc}") from None
+    return jsonio.read_json(text, "the op")
 
 
 def _parse_scenario(scenario: object) -> tuple[str | None, dict[str, Any], list[Any]]:

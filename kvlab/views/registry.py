@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvlab.core.snapshots import BlockPoolState, ContiguousState, RadixState
-from kvlab.errors import InvalidArgumentError
+from kvlab.errors import InvalidArgumentError, brief, check_choice, check_text
 from kvlab.views import block_pool, contiguous, free_queue, radix
 from kvlab.views._common import Spec
 
@@ -74,9 +74,13 @@ ALIASES: dict[str, tuple[str, ...]] = {"paged": ("block_pool",), "prefix_cache":
 
 def get(name: object, *, extra: str = "") -> View:
     """The view registered as ``name``; an unknown name is an ``InvalidArgumentError`` listing the views."""
-    if not isinstance(name, str) or name not in VIEWS:
-        raise InvalidArgumentError(f"unknown view {name!r}: use one of {', '.join(VIEWS)}{extra}")
-    return VIEWS[name]
+    try:  # by exact text, never the value's own __eq__ or __hash__
+        return VIEWS[check_choice("view", name, tuple(VIEWS))]
+    except InvalidArgumentError:
+        extra = check_text("extra", extra)
+        raise InvalidArgumentError(
+            f"unknown view {brief(name)}: use one of {', '.join(VIEWS)}{extra}"
+        ) from None
 
 
 def defaults(state_type: type) -> tuple[str, ...]:

@@ -48,7 +48,7 @@ def _rows(results: object) -> list[tuple[str, list[int], list[float]]]:
 
 def replica_load_figure(results: Sequence[Any], *, title: str | None = None) -> go.Figure:
     """Requests per replica (left) and each replica's hit rate (right), one color per router."""
-    check_title(title)
+    title = check_title(title)
     rows = _rows(results)
     fig = make_subplots(
         rows=1,

@@ -324,8 +324,8 @@ def swa_spec(
     _check_swa_state("state", state)
     if previous is not None:
         _check_swa_state("previous", previous)
-    check_title(title)
-    check_title(caption)
+    title = check_title(title)
+    caption = check_title(caption)
     x_max, checkpoint_rows, marks = _axes(state, x_max, checkpoint_rows, reuse)
     n_cells = len(state.cells)
     held = [p for p in state.cells if p != EMPTY]
@@ -398,7 +398,7 @@ def swa_animation(
     history: History[SwaState] | list, *, title: str | None = None, frame_ms: int = DEFAULT_FRAME_MS
 ) -> go.Figure:
     """A slot's history step by step (prompt batches, checkpoints taken and restored), with play and a slider."""
-    check_title(title)
+    title = check_title(title)
     steps = steps_of(history, SwaState)
     hints = swa_hints(history)
     specs = []

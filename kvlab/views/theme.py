@@ -16,7 +16,7 @@ import sys
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from kvlab.errors import InvalidArgumentError
+from kvlab.errors import InvalidArgumentError, check_text
 
 # Okabe-Ito, by name.
 BLACK = "#000000"
@@ -151,8 +151,7 @@ def setup(renderer: str | None = None) -> str:
     """
     if renderer is None:
         renderer = os.environ.get("PLOTLY_RENDERER") or DEFAULT_RENDERER
-    if not isinstance(renderer, str) or not renderer:
-        raise InvalidArgumentError(f"renderer must be a non-empty string, got {renderer!r}")
+    renderer = check_text("renderer", renderer, allow_empty=False)
     known = set(pio.renderers)
     unknown = [name for name in renderer.split("+") if name not in known]
     if unknown:

@@ -8,18 +8,16 @@ once with a message that names the limit.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
 import numpy as np
 import pytest
-from hostile import AlwaysEqual, hostile_values, kvlab_or_ok
+from hostile import AlwaysEqual, hostile_values, kvlab_or_ok, quick_refusal
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvlab.errors import LIMITS, KvlabError
+from kvlab.errors import LIMITS
 from kvlab.fleet import (
     FleetConfig,
     chat_traffic,
@@ -35,13 +33,6 @@ from kvlab.fleet.traffic import max_traffic_tokens, prompt_lengths, prompts_and_
 FAST = settings(max_examples=30, deadline=None)
 TINY = {"users": 3, "turns": 2, "system_tokens": 20, "capacity_blocks": 50}
 FIELDS = [f.name for f in fields(FleetConfig)]
-
-
-def quick_refusal(call: Callable[[], Any], match: str) -> None:
-    start = time.perf_counter()
-    with pytest.raises(KvlabError, match=match):
-        call()
-    assert time.perf_counter() - start < 1.0, "an absurd size must be refused before anything is drawn"
 
 
 @pytest.mark.parametrize(

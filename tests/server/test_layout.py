@@ -153,3 +153,21 @@ def test_cached_tokens_are_whole_blocks_and_at_least_the_common_prefix(names, bl
             # every block of the common prefix with the previous prompt was cached then
             assert t.cached_tokens >= min(t.first_change, prev.prompt_tokens) // block_size * block_size
         prev = t
+
+
+def test_a_str_subclass_whose_methods_raise_or_lie_is_read_as_its_plain_text():
+    """A name, a segment name or a scheme that is a hostile str subclass: kvlab reads its plain text."""
+    from hostile import LyingList, LyingStr
+
+    from kvlab.errors import InvalidArgumentError
+    from kvlab.server import layout
+
+    segments = [layout.system_prompt(), layout.Segment(LyingStr("tools"), lambda s, t: s.tools()[0])]
+    run = layout.run_layout(segments, name=LyingStr("custom"), turns=2, scheme=LyingStr("lesson"))
+    assert type(run.name) is str and run.name == "custom"
+    assert type(run.scheme) is str and run.line().startswith("custom")
+    assert [span.name for span in run.turns[0].segments] == ["system prompt", "tools"]
+    with pytest.raises(InvalidArgumentError, match="segments"):
+        layout.run_layout(LyingList([layout.system_prompt()]), turns=1)
+    with pytest.raises(InvalidArgumentError, match="non-empty"):
+        layout.Segment(LyingStr(""), lambda s, t: [])

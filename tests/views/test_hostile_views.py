@@ -74,7 +74,7 @@ def test_animations_refuse_hostile_frame_times(value):
         (lambda: block_pool_figure(STATE, ("A", 10**30)), "past the end"),
         (lambda: hit_rate_figure({"a": float("nan")}), "finite number"),
         (lambda: hit_rate_figure({"a": 10**400}), "finite number"),
-        (lambda: grid_shape(10**30), "LIMITS.num_blocks"),
+        (lambda: grid_shape(10**30), "LIMITS.drawn_blocks"),
     ],
 )
 def test_view_refusals_say_what_is_wrong(call, match):
