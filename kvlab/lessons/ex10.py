@@ -146,3 +146,31 @@ def example_10(max_tokens: int = LESSON_MAX_TOKENS) -> Example10:
         clock=clock_at_ten,
     )
     return Example10(LESSON_APPEND_ONLY, LESSON_CLOCK, tuple(plain), tuple(timed), max_tokens)
+
+
+def _ids(start: int, n: int) -> tuple[int, ...]:
+    """Token ids inside the real tiny model's 512-token vocabulary, deterministic."""
+    return tuple(3 + (start + 7 * i) % 509 for i in range(n))
+
+
+def on_real_server() -> list[str]:
+    """Three runs on a real llama-server next to kvlab's prediction, or one line saying how to get one.
+
+    An append-only chat of token ids (``cache_n`` = previous prompt + 8 - 1), a prompt longer than
+    the slot that is refused yet still moves the next request to the other slot, and ``n_predict:
+    0``, which samples one token anyway (``kvlab.lessons.real_llama``).
+    """
+    from kvlab.lessons.real_llama import Request, available, missing_line, run_slots, side_by_side
+
+    if not available("llama"):
+        return [missing_line("each request's slot, cache_n, prompt_n and tokens sampled next to kvlab's")]
+    chat = [Request(_ids(0, 34), 8)] + [Request(_ids(t, 14), 8, after_previous=True) for t in (1, 2, 3)]
+    refusal = [Request(_ids(4, 10)), Request(_ids(5, 300)), Request(_ids(6, 12))]
+    zero = [Request(_ids(7, 40), 0), Request(_ids(7, 40) + _ids(8, 5), 0)]
+    cols = ["slot", "cache_n", "prompt_n", "n_generated"]
+    lines = side_by_side("append-only chat, -np 1, max_tokens 8", *run_slots(chat, n_ctx=512), cols)
+    lines += side_by_side(
+        "a 300-token prompt on 256-token slots, -np 2", *run_slots(refusal, n_slots=2, n_ctx=256), cols
+    )
+    lines += side_by_side("n_predict 0, -np 1", *run_slots(zero, n_ctx=512), cols)
+    return lines

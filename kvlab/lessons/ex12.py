@@ -98,3 +98,34 @@ def example_12_chat() -> tuple[SwaRequestRecord, SwaRequestRecord, SwaSlot]:
     a = slot.complete(first, user_starts=[NOTES_USER_START])
     b = slot.complete(second, user_starts=[NOTES_USER_START])
     return a, b, slot
+
+
+def on_real_server() -> list[str]:
+    """The lesson's two requests on a real llama-server (tiny gemma3, window 128, ``-c 4096``) and on kvlab.
+
+    The real model has the lesson's window and ring (768 cells), so every ``cache_n`` and every
+    checkpoint the server logs can be set next to kvlab's; without the binary, one line says how
+    to get it (``kvlab.lessons.real_llama``).
+    """
+    from kvlab.lessons.real_llama import Request, available, missing_line, run_swa, side_by_side
+
+    if not available("gemma3"):
+        return [
+            missing_line(
+                "cache_n, prompt_n and the checkpoints it logs for the three servers next to kvlab's"
+            )
+        ]
+    long_prompt = tuple(3 + (7 * i) % 509 for i in range(LESSON_PROMPT))
+    short = long_prompt[:LESSON_SHARED] + tuple(
+        3 + (1 + 7 * i) % 509 for i in range(LESSON_SHORT - LESSON_SHARED)
+    )
+    reqs = [Request(long_prompt), Request(short)]
+    cols = ["cache_n", "prompt_n", "checkpoints"]
+    lines: list[str] = []
+    for title, kw in (
+        ("-ctxcp 0", {"ctx_checkpoints": 0}),
+        ("default (-ctxcp 32)", {}),
+        ("--swa-full -ctxcp 0", {"ctx_checkpoints": 0, "swa_full": True}),
+    ):
+        lines += side_by_side(title, *run_swa(reqs, **kw), cols)
+    return lines

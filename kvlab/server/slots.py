@@ -9,6 +9,8 @@ prefix (LCP) of that list and its own prompt. This model follows
   one sampled: a sampled token enters the KV cache only when the next decode step
   processes it, and the request stops right after sampling its last token. So
   after a reply of ``max_tokens`` tokens, the slot holds ``prompt + max_tokens - 1``.
+  ``max_tokens=0`` (``n_predict: 0``) still samples one token (``n_generated`` 1, the
+  server's ``predicted_n``), and the slot holds the prompt.
 * **Reuse** (``cache_prompt``, on by default): ``cache_n`` = LCP(slot tokens,
   prompt). If that is the whole prompt, one token is taken back
   (``n_past--``): the server must evaluate at least one token to get logits, so
@@ -19,8 +21,9 @@ prefix (LCP) of that list and its own prompt. This model follows
   0 turns this step off). Otherwise the idle slot used least recently; on a tie
   (for instance at start-up, when no slot was used yet) the *last* such slot wins,
   because the server compares with ``<=``.
-* **RAM prompt cache** (``--cache-ram`` MiB, default 8192, 0 turns it off;
-  ``kvlab.server.prompt_cache``). When a slot is about to lose most of what it holds
+* **RAM prompt cache** (``--cache-ram`` MiB, default 8192, 0 turns it off, -1 has no byte
+  limit and keeps at most the whole context's tokens, ``-c``; ``kvlab.server.prompt_cache``;
+  an entry is ``state_header_bytes`` + ``state_bytes_per_token`` per token). When a slot is about to lose most of what it holds
   (chosen by LRU, or by similarity keeping under half, ``f_keep < 0.5``) its tokens are
   saved first and the best cached entry is loaded into it. After the task is launched,
   every idle slot is saved too (``--cache-idle-slots``, on with the RAM cache).
@@ -64,7 +67,7 @@ from kvlab.errors import (
     check_size,
 )
 from kvlab.server.inputs import call_user, read_tokens
-from kvlab.server.prompt_cache import PromptCache, _lcp
+from kvlab.server.prompt_cache import PromptCache, _lcp, f32
 
 MIB = 1 << 20
 DEFAULT_CACHE_RAM_MIB = 8192
@@ -111,6 +114,7 @@ class SlotServer:
         slot_prompt_similarity: float = DEFAULT_SLOT_PROMPT_SIMILARITY,
         cache_ram_mib: int = DEFAULT_CACHE_RAM_MIB,
         state_bytes_per_token: int = TINY_STATE_BYTES_PER_TOKEN,
+        state_header_bytes: int = 0,
         reply: Callable[[Sequence[int], int], Sequence[int]] | None = None,
         cache_idle_slots: bool = True,
         record: bool = True,
@@ -118,7 +122,13 @@ class SlotServer:
         # bounds: LIMITS.slots slots, LIMITS.tokens per slot, LIMITS.mib of RAM cache (kvlab.errors.Limits)
         n_slots = check_size("n_slots", n_slots, "slots", minimum=1)
         n_ctx = check_size("n_ctx", n_ctx, "tokens", minimum=2)
-        cache_ram_mib = check_size("cache_ram_mib", cache_ram_mib, "mib", minimum=0)
+        if not (
+            isinstance(cache_ram_mib, int) and not isinstance(cache_ram_mib, bool) and cache_ram_mib == -1
+        ):
+            cache_ram_mib = check_size("cache_ram_mib", cache_ram_mib, "mib", minimum=0)  # -1: no byte limit
+        state_header_bytes = check_int(
+            "state_header_bytes", state_header_bytes, minimum=0, maximum=MAX_STATE_BYTES_PER_TOKEN
+        )
         state_bytes_per_token = check_int(
             "state_bytes_per_token", state_bytes_per_token, minimum=1, maximum=MAX_STATE_BYTES_PER_TOKEN
         )
@@ -137,11 +147,19 @@ class SlotServer:
         self.n_ctx = n_ctx
         self.cache_prompt = cache_prompt
         self.slot_prompt_similarity = similarity
-        self.ram_limit_bytes = cache_ram_mib * MIB
+        self.cache_ram_mib = cache_ram_mib
+        self.ram_limit_bytes = max(0, cache_ram_mib) * MIB  # 0 with -1: no byte limit
         self.state_bytes_per_token = state_bytes_per_token
+        self.state_header_bytes = state_header_bytes
         self.reply = reply or default_reply
         self._slots = [_Slot(i, []) for i in range(n_slots)]
-        self.prompt_cache = PromptCache(self.ram_limit_bytes, state_bytes_per_token)
+        # server_prompt_cache(cache_ram_mib, n_ctx): the token limit is the whole context, every slot
+        self.prompt_cache = PromptCache(
+            self.ram_limit_bytes,
+            state_bytes_per_token,
+            limit_tokens=n_ctx * n_slots,
+            header_bytes=state_header_bytes,
+        )
         self._clock = 0
         self._ids = itertools.count()
         self._records: dict[str, RequestRecord] = {}
@@ -157,7 +175,7 @@ class SlotServer:
 
     @property
     def ram_enabled(self) -> bool:
-        return self.ram_limit_bytes > 0
+        return self.cache_ram_mib != 0
 
     @property
     def records(self) -> list[RequestRecord]:
@@ -284,13 +302,17 @@ class SlotServer:
                 )
             if request_id in self._records:
                 raise DuplicateRequestError(f"request id {request_id!r} was already used; pick a new one")
-        n_gen = max(0, min(max_tokens, self.n_ctx - len(toks)))
+        # n_predict 0 still samples one token: the server checks the limit after sampling
+        # (``process_token``: ``n_gen > 0 && !has_budget()``); the token is never cached
+        n_gen = max(0, min(max(max_tokens, 1), self.n_ctx - len(toks)))
         if too_long:
             gen = []
         elif generated is None:
             gen = self._reply(toks, n_gen)
         else:
             gen = read_tokens("generated", generated, allow_empty=True)
+            if max_tokens == 0 and not gen:
+                gen = default_reply(toks, n_gen)  # the dropped token: only its count shows
             if len(gen) > n_gen:
                 raise InvalidArgumentError(
                     f"generated has {len(gen)} tokens but this request can sample at most {n_gen} "
@@ -477,16 +499,18 @@ class SlotServer:
         similarity: float | None = None
         update_cache = False
         if self.slot_prompt_similarity != 0.0:
+            threshold = f32(self.slot_prompt_similarity)  # the server's fractions are C floats
             sim_best = 0.0
             for s in self._slots:
                 if (id_slot != -1 and s.slot_id != id_slot) or s.request_id is not None or not s.tokens:
                     continue
-                sim = _lcp(s.tokens, prompt) / len(prompt)
-                if sim > sim_best and sim > self.slot_prompt_similarity:
+                lcp = _lcp(s.tokens, prompt)
+                sim = f32(f32(lcp) / f32(len(prompt)))
+                if sim > sim_best and sim > threshold:
                     sim_best, ret = sim, s
-                    selected_by, similarity = ("id" if id_slot != -1 else "lcp"), sim
+                    selected_by, similarity = ("id" if id_slot != -1 else "lcp"), lcp / len(prompt)
             if ret is not None and ret.tokens:
-                f_keep = sim_best * len(prompt) / len(ret.tokens)
+                f_keep = f32(f32(sim_best * f32(len(prompt))) / f32(len(ret.tokens)))
                 update_cache = f_keep < 0.5  # about to lose most of the slot: save it first
         if ret is None:
             for s in self._slots:

@@ -6,8 +6,9 @@ cells, padded up to a multiple of 256 and capped at the context (768 cells for
 window 128 at ``-c 4096``). ``--swa-full`` makes it as large as the context.
 Cells are handed out from a moving head, like a ring; a taken cell may be
 overwritten once its position is outside the window of everything cached
-(``find_slot``: pos_max + 1 - pos >= n_swa). After a long prompt the ring holds
-only its last 768 positions.
+(``find_slot``: pos_max + 1 - pos >= n_swa), and overwriting a position also frees
+every older one (``apply_ubatch`` keeps the held positions one unbroken run). After
+a long prompt the ring holds only its last 768 positions.
 
 To continue a cached prompt at ``n_past`` the local layers need the positions
 from ``threshold = max(0, n_past - n_swa)`` on (one less when the whole prompt is
@@ -40,7 +41,14 @@ and no search happens (checked against a real server, llama.cpp 0c1e57098).
 A restored checkpoint holds only its last ``n_swa`` positions: the server's
 ``llama_kv_cache::state_write`` skips masked cells, although the checkpoint
 records the ring's whole ``pos_min`` (the source's ``TAG_CHECKPOINTS_FIX_POS_MIN``).
-``SwaRing.load`` keeps just those, as the real cache does after a restore.
+``SwaRing.load`` keeps just those and places them as ``state_read_meta`` does, in
+the copy's cell order from the head ``seq_rm`` left.
+
+A new checkpoint first makes room (``create_checkpoint``): when the list is about
+to be full (``-ctxcp``), checkpoints of earlier requests within
+``--checkpoint-min-step`` tokens of the one kept before them are erased ("too
+close"; with the default 8192 that is all of them but the first), then the oldest
+go, and one at the same ``n_tokens`` is superseded.
 
 Where checkpoints come from (same file, the prompt loop): the prompt is cut into
 batches of at most ``n_batch`` tokens, and a batch also ends so that the last
@@ -55,8 +63,13 @@ prompt that gives checkpoints at 1,325 and 1,837 tokens, covering [557, 1324] an
 [1069, 1836] -- the lesson's log lines.
 
 Simplifications: one slot and one sequence; the full-attention layers are not
-drawn (they keep every position); a restored checkpoint's cells are laid out
-from cell 0 in position order; generated tokens are decoded one per step.
+drawn (they keep every position); generated tokens are decoded one per step.
+Checked request for request against a real llama-server by
+``tools/conformance/llama_harness.py`` (``-ctxcp``, ``--checkpoint-min-step``,
+``-b``/``-ub`` and ``--swa-full`` varied).
+
+Kept as one module (just over 500 lines): the ring, the reuse test and the checkpoint rules
+are one pass of the server's ``update_slots`` over the same slot state.
 
 Every step is recorded in ``SwaSlot.history``: a ``SwaState`` (``kvlab.core.snapshots``, with
 ``Checkpoint`` and ``EMPTY``) and an ``Event`` of kind ``swa.init``, ``swa.reuse`` (what the
@@ -184,8 +197,15 @@ class SwaRing(HeldPositions):
         return sum(1 for p in self.cells if p != EMPTY)
 
     def place(self, positions: Sequence[int]) -> None:
-        """Store one ubatch: each position takes the next empty cell, or one that left the window."""
+        """Store one ubatch (``find_slot`` then ``apply_ubatch``): each position takes the next empty cell
+        or one that left the window; overwriting position p also frees every older position.
+
+        ``apply_ubatch`` keeps "all positions between pos_min and pos_max present": when it overwrites
+        cells it purges the sequence from its ``pos_min`` up to the newest position it overwrote.
+        """
         positions = read_tokens("positions", positions, limit=len(self.cells), allow_empty=True)
+        if not positions:
+            return
         n, size = len(positions), len(self.cells)
         limit = self.pos_max + 1  # cells are masked against what was cached before this ubatch
         head = 0 if self.head > self.used + 2 * n else self.head
@@ -201,8 +221,11 @@ class SwaRing(HeldPositions):
                 idxs.append(head)
             head += 1
             tested += 1
+        overwritten = max((self.cells[i] for i in idxs), default=EMPTY)
         for i, pos in zip(idxs, positions, strict=True):
             self.cells[i] = pos
+        if overwritten != EMPTY and self.pos_min <= overwritten:
+            self.cells = [EMPTY if p != EMPTY and p <= overwritten else p for p in self.cells]
         self.head = idxs[-1] + 1
 
     def remove_from(self, p0: int) -> None:
@@ -218,17 +241,20 @@ class SwaRing(HeldPositions):
             self.head = first
 
     def load(self, cells: Sequence[int]) -> None:
-        """Restore a checkpoint: its positions, in order, from cell 0."""
+        """Restore a checkpoint (``state_read_meta``): free the ring, then place the copy's unmasked cells.
+
+        ``llama_kv_cache::state_write`` skips SWA-masked cells, so a checkpoint's data holds only its
+        last ``n_swa`` positions, whatever ``pos_min`` it recorded (``TAG_CHECKPOINTS_FIX_POS_MIN`` in the
+        server). They are read back in the copy's cell order and placed like a ubatch, from the head
+        that ``seq_rm`` left (the first cell it freed, or 0 when the head is far past the used cells).
+        """
         cells = read_tokens("cells", cells, limit=len(self.cells), allow_empty=True, in_range=False)
-        held = sorted(p for p in cells if p != EMPTY)
-        if any(p < 0 for p in held):
+        if any(p < 0 and p != EMPTY for p in cells):
             raise InvalidArgumentError(f"cells must hold positions >= 0 or EMPTY ({EMPTY})")
-        # llama_kv_cache::state_write skips SWA-masked cells: a checkpoint's data holds only the last
-        # n_swa positions, whatever pos_min it recorded (TAG_CHECKPOINTS_FIX_POS_MIN in the source)
-        if held:
-            held = [p for p in held if held[-1] - p < self.n_swa]
-        self.cells = held + [EMPTY] * (len(self.cells) - len(held))
-        self.head = len(held) % len(self.cells)
+        newest = max(cells, default=EMPTY)
+        kept = [p for p in cells if p != EMPTY and newest - p < self.n_swa]
+        self.remove_from(0)
+        self.place(kept)
 
 
 class SwaSlot:
@@ -243,6 +269,7 @@ class SwaSlot:
         self.ring = SwaRing(config.cells, config.n_swa)
         self.tokens: list[int] = []
         self.checkpoints: list[Checkpoint] = []
+        self._owners: list[int] = []  # the request that created each checkpoint (``id_task``)
         self.records: list[SwaRequestRecord] = []
         self.history: History[SwaState] = History()
         self._snap(Event.of("swa.init", cells=config.cells))
@@ -276,13 +303,17 @@ class SwaSlot:
             raise InvalidArgumentError("user_starts must be increasing positions inside the prompt")
         if len(toks) >= cfg.n_ctx:
             raise InvalidArgumentError(f"the prompt has {len(toks)} tokens; the slot holds {cfg.n_ctx}")
-        n_gen = min(max_tokens, cfg.n_ctx - len(toks))
+        # n_predict 0 still samples one token (the limit is checked after sampling, ``process_token``);
+        # it is never cached, so only the count shows it
+        n_gen = min(max(max_tokens, 1), cfg.n_ctx - len(toks))
         gen = (
             list(range(1000, 1000 + n_gen))
             if generated is None
             else read_tokens("generated", generated, allow_empty=True)
         )
-        if len(gen) > n_gen or (max_tokens > 0 and not gen):
+        if max_tokens == 0 and not gen:
+            gen = [1000]  # the one token sampled and dropped: which one does not matter
+        if len(gen) > n_gen or not gen:
             raise InvalidArgumentError(f"generated must hold 1 to {n_gen} tokens (max_tokens {max_tokens})")
         # The work of one request is bounded: every ubatch and every sampled token visits the ring's
         # cells, and every batch records a copy of them. Past LIMITS.total_tokens cell visits (134M,
@@ -302,12 +333,13 @@ class SwaSlot:
             self.ring.head,
             list(self.tokens),
             list(self.checkpoints),
+            list(self._owners),
             len(self.history),
         )
         try:
             return self._serve(toks, starts, gen, cache_prompt)
         except BaseException:  # a refusal halfway (the ring has no room) leaves the slot as it was
-            self.ring.cells, self.ring.head, self.tokens, self.checkpoints, steps = saved
+            self.ring.cells, self.ring.head, self.tokens, self.checkpoints, self._owners, steps = saved
             del self.history.steps[steps:]
             raise
 
@@ -340,7 +372,9 @@ class SwaSlot:
                 forced = True
                 pos_next = n_past = 0
         erased = tuple(cp for cp in self.checkpoints if cp.pos_max > pos_next)
-        self.checkpoints = [cp for cp in self.checkpoints if cp.pos_max <= pos_next]
+        keep = [i for i, cp in enumerate(self.checkpoints) if cp.pos_max <= pos_next]
+        self.checkpoints = [self.checkpoints[i] for i in keep]
+        self._owners = [self._owners[i] for i in keep]
         if n_past == n:
             n_past -= 1
         cache_n = n_past
@@ -421,10 +455,7 @@ class SwaSlot:
                 do_checkpoint = False
             cp = None
             if do_checkpoint:  # taken before the batch is decoded, so the batch is not in it
-                while len(self.checkpoints) >= cfg.ctx_checkpoints:
-                    self.checkpoints.pop(0)
-                cp = Checkpoint(self.ring.pos_min, self.ring.pos_max, start, tuple(self.ring.cells))
-                self.checkpoints.append(cp)
+                cp = self._create_checkpoint(start)
                 created.append(cp)
             for u in range(start, end, cfg.n_ubatch):
                 self.ring.place(range(u, min(end, u + cfg.n_ubatch)))
@@ -441,6 +472,37 @@ class SwaSlot:
                 created=cp,
             )
         return batches, created
+
+    def _create_checkpoint(self, n_tokens: int) -> Checkpoint:
+        """``create_checkpoint`` (``server-context.cpp``): make room, then copy the ring.
+
+        While the list is about to be full, checkpoints of earlier requests that lie within
+        ``checkpoint_min_step`` tokens of the checkpoint kept before them are erased ("too close to
+        an earlier one"; the first one always stays), oldest first, and the scan stops as soon as
+        there is room (the C++ loop tests the size on every step); then the oldest go until there
+        is room; a checkpoint at the same ``n_tokens`` is superseded.
+        """
+        cfg = self.config
+        task = len(self.records)  # the request being served
+        last = -1  # n_tokens of the checkpoint kept before; the scan stops once the list has room
+        i = 0
+        while len(self.checkpoints) + 1 >= cfg.ctx_checkpoints and i < len(self.checkpoints):
+            cp = self.checkpoints[i]
+            if self._owners[i] != task and last >= 0 and cp.n_tokens <= last + cfg.checkpoint_min_step:
+                del self.checkpoints[i], self._owners[i]
+                continue
+            last = cp.n_tokens
+            i += 1
+        while len(self.checkpoints) >= cfg.ctx_checkpoints:
+            self.checkpoints.pop(0)
+            self._owners.pop(0)
+        same = [i for i, cp in enumerate(self.checkpoints) if cp.n_tokens == n_tokens]
+        for i in reversed(same):
+            del self.checkpoints[i], self._owners[i]
+        cp = Checkpoint(self.ring.pos_min, self.ring.pos_max, n_tokens, tuple(self.ring.cells))
+        self.checkpoints.append(cp)
+        self._owners.append(task)
+        return cp
 
     def _snap(self, event: Event, **kw: object) -> None:
         self.history.add(

@@ -285,7 +285,8 @@ def test_bad_requests_are_refused_and_change_nothing(call, error, refuses):
     [
         {"n_slots": 0},
         {"n_ctx": 1},
-        {"cache_ram_mib": -1},
+        {"cache_ram_mib": -2},
+        {"state_header_bytes": -1},
         {"state_bytes_per_token": 0},
         {"slot_prompt_similarity": 1.5},
         {"slot_prompt_similarity": "0.1"},
@@ -348,3 +349,71 @@ def test_counters_and_slot_contents_hold_for_any_request_sequence(reqs, n_slots,
         assert len(s.slot_tokens(rec.slot_id)) == n_cached
         state = s.state()
         assert state.ram_bytes <= state.ram_limit_bytes or len(state.ram_cache) == 1
+
+
+# ---------------------------------------------------------------- checked on a real llama-server (0c1e57098)
+# Each case below was run with tools/conformance/llama_harness.py's tiny llama (1,036 state bytes per
+# token, a 128-byte entry header at -np 1); the expected values are the real server's.
+
+
+def harness_seq(start, n):
+    return [3 + (start + 7 * i) % 509 for i in range(n)]
+
+
+def tiny(cache_ram_mib, n_ctx=512, header=128):
+    return SlotServer(
+        1,
+        n_ctx=n_ctx,
+        cache_ram_mib=cache_ram_mib,
+        state_bytes_per_token=1036,
+        state_header_bytes=header,
+        record=False,
+    )
+
+
+@pytest.mark.parametrize(("cache_ram_mib", "cache_n"), [(8192, 300), (-1, 0)])
+def test_unlimited_cache_ram_keeps_at_most_the_whole_context_in_tokens(cache_ram_mib, cache_n):
+    # --cache-ram -1: no byte limit, but update() drops the oldest entries while the cache holds more
+    # tokens than -c (512 here): three 300-token prompts do not fit, the first one is gone
+    s = tiny(cache_ram_mib)
+    a, b, c = harness_seq(1, 300), harness_seq(2, 300), harness_seq(3, 300)
+    for p in (a, b, c):
+        s.complete(p, max_tokens=1)
+    assert s.complete(a + harness_seq(4, 20), max_tokens=1).cache_n == cache_n
+    if cache_ram_mib == -1:
+        assert s.prompt_cache.n_tokens() <= 512 and s.ram_enabled and s.ram_limit_bytes == 0
+
+
+@pytest.mark.parametrize(("second", "cache_n"), [(512, 0), (511, 500)])
+def test_the_entry_header_decides_what_fits(second, cache_n):
+    # 1 MiB holds 500 + 512 tokens of state (1,048,432 bytes) but not their two 128-byte headers: saving
+    # the second prompt evicts the first, so it is not there to load back
+    s = tiny(1, n_ctx=1024)
+    s.complete(harness_seq(5, 500), max_tokens=1)
+    s.complete(harness_seq(6, second), max_tokens=1)
+    assert s.complete(harness_seq(5, 500) + harness_seq(8, 20), max_tokens=1).cache_n == cache_n
+    without = tiny(1, n_ctx=1024, header=0)  # the model without the header keeps both
+    without.complete(harness_seq(5, 500), max_tokens=1)
+    without.complete(harness_seq(6, second), max_tokens=1)
+    assert without.complete(harness_seq(5, 500) + harness_seq(8, 20), max_tokens=1).cache_n == 500
+
+
+def test_n_predict_zero_samples_one_token_that_is_never_cached():
+    s = tiny(0)
+    a = harness_seq(1, 300)
+    rec = s.complete(a, max_tokens=0, generated=[])
+    assert (rec.n_generated, s.slot_tokens(0)) == (1, tuple(a))  # predicted_n 1 on the real server
+    rec = s.complete(a + harness_seq(2, 5), max_tokens=0)
+    assert (rec.cache_n, rec.prompt_n, rec.n_generated) == (300, 5, 1)
+    with pytest.raises(InvalidArgumentError):
+        s.complete(a, max_tokens=0, generated=[7, 8])  # one token at most
+
+
+def test_prompt_cache_entry_size_and_token_limit():
+    from kvlab.server.prompt_cache import PromptCache
+
+    cache = PromptCache(0, 10, limit_tokens=5, header_bytes=3)
+    assert cache.save([1, 2, 3]) and cache.entries[0].size_bytes == 33
+    assert cache.save([4, 5, 6])  # no byte limit: stored, the token limit waits for update()
+    cache.update()
+    assert [e.tokens for e in cache.entries] == [(4, 5, 6)]

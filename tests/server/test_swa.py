@@ -224,13 +224,93 @@ def test_ring_and_counters_stay_consistent(reqs, windows, swa_full):
         assert rec.cache_n <= lcp
         if swa_full and rec.threshold > 0:  # every position is kept: reuse is the plain common prefix
             assert rec.cache_n == min(lcp, length - 1)
-        # the ring holds every position the next token's window needs, each once, none from the future.
-        # It need not be contiguous: llama.cpp's find_slot reuses masked cells in scan order from its
-        # head, so an older masked position can outlive a newer one that was overwritten first.
+        # the ring holds every position the next token's window needs, each once, none from the future,
+        # and no gaps: apply_ubatch purges every position older than one it overwrites
         n = len(slot.tokens)
         assert slot.tokens[:length] == prompt
         held_pos = sorted(p for p in slot.ring.cells if p != EMPTY)
         assert len(held_pos) == len(set(held_pos)) and all(0 <= p < n for p in held_pos)
         assert set(range(max(0, n - n_swa + 1), n)) <= set(held_pos)  # is_masked_swa: n - p >= n_swa
+        assert not held_pos or held_pos == list(range(held_pos[0], held_pos[-1] + 1))
         for cp in slot.checkpoints:
             assert cp.pos_max == cp.n_tokens - 1 and cp.pos_max - cp.pos_min < cfg.cells
+        assert len({cp.n_tokens for cp in slot.checkpoints}) == len(slot.checkpoints)  # superseded
+
+
+def seq(start, n):
+    """The harness's deterministic token runs (``llama_harness._seq`` with the tiny 512-token vocabulary)."""
+    return [3 + (start + 7 * i) % 509 for i in range(n)]
+
+
+def test_overwriting_a_cell_purges_every_older_position():
+    # apply_ubatch: "all positions between [pos_min, pos_max] ... will be present", so reusing the
+    # cell of position 2 frees positions 0 and 1 too, although find_slot did not pick them
+    ring = SwaRing(4, 2)
+    ring.cells, ring.head = [0, 2, 3, 1], 1
+    ring.place([4])
+    assert ring.cells == [EMPTY, 4, 3, EMPTY] and ring.head == 2
+    ring.place([5])  # position 3 (cell 2, at the head) has left the window: reused, nothing older left
+    assert ring.cells == [EMPTY, 4, 5, EMPTY] and ring.head == 3
+    # a restored copy keeps only its last n_swa positions, read back in the copy's cell order from
+    # the head seq_rm left (the first cell it freed)
+    ring.load([3, 0, 1, 2])
+    assert ring.cells == [EMPTY, 3, 2, EMPTY] and ring.head == 3
+
+
+def test_a_checkpoint_made_after_a_restore_matches_the_real_server():
+    # llama_harness (0c1e57098, gemma3 window 128, -c 4096): without the purge kvlab said pos_min 248
+    a = seq(2071, 903)
+    b = a[:375] + seq(26923, 276)
+    c = b + seq(14498, 388)
+    slot = SwaSlot(SwaConfig(ctx_checkpoints=32))
+    assert spans(slot.complete(a, max_tokens=1).created) == [(0, 386, 387), (131, 898, 899)]
+    rec = slot.complete(b, max_tokens=1)
+    assert rec.cache_n == 375 and spans(rec.created) == [(135, 374, 375), (248, 646, 647)]
+    rec = slot.complete(c, max_tokens=1)
+    assert rec.cache_n == 651 and spans(rec.created) == [(248, 650, 651), (394, 1034, 1035)]
+
+
+@pytest.mark.parametrize(
+    ("min_step", "after"),
+    [
+        # default spacing (8192): the list is nearly full, so the earlier request's second checkpoint
+        # is "too close" to its first and goes; the first always stays
+        (8192, [(0, 483, 484), (1016, 1783, 1784), (1528, 2295, 2296)]),
+        # 300 tokens apart is far enough: only the oldest goes
+        (300, [(828, 1595, 1596), (1016, 1783, 1784), (1528, 2295, 2296)]),
+    ],
+)
+def test_checkpoints_too_close_to_an_earlier_one_are_erased_when_the_list_fills(min_step, after):
+    # create_checkpoint, checked on the real server with -ctxcp 3 (tools/conformance)
+    a = seq(1, 1000)
+    b = a + seq(2, 600)
+    slot = SwaSlot(SwaConfig(ctx_checkpoints=3, checkpoint_min_step=min_step))
+    slot.complete(a, max_tokens=1)
+    slot.complete(b, max_tokens=1)
+    first = [(0, 483, 484), (316, 1083, 1084), (828, 1595, 1596)]
+    assert spans(slot.checkpoints) == (first if min_step == 8192 else [(228, 995, 996), *first[1:]])
+    rec = slot.complete(b + seq(3, 700), max_tokens=1)
+    assert rec.cache_n == 1600 and spans(slot.checkpoints) == after
+
+
+def test_n_predict_zero_still_samples_one_token():
+    # the real server answers n_predict 0 with one token (predicted_n 1); it is never cached
+    slot = SwaSlot()
+    rec = slot.complete(list(range(300)), max_tokens=0)
+    assert rec.n_generated == 1 and slot.tokens == list(range(300))
+    rec = slot.complete(list(range(300)), max_tokens=0, generated=[])
+    assert rec.n_generated == 1 and rec.cache_n == 299
+
+
+def test_the_too_close_scan_stops_once_the_list_has_room():
+    # create_checkpoint re-tests the size on every step: with -ctxcp 5 the third request's first
+    # checkpoint erases [0, 610] (too close to [0, 98]) and stops, so [0, 713] stays; checked on the
+    # real server (tools/conformance, llama.cpp 0c1e57098)
+    a = seq(197, 615)
+    b = a + seq(2167, 103)
+    slot = SwaSlot(SwaConfig(ctx_checkpoints=5))
+    slot.complete(a, max_tokens=1)
+    slot.complete(b, max_tokens=1)
+    assert spans(slot.checkpoints) == [(0, 98, 99), (0, 610, 611), (0, 614, 615), (0, 713, 714)]
+    slot.complete(b + seq(2168, 30), max_tokens=1)
+    assert spans(slot.checkpoints) == [(0, 98, 99), (0, 713, 714), (0, 717, 718), (0, 743, 744)]

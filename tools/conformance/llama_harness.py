@@ -23,22 +23,25 @@ little. Requests go one at a time to ``POST /completion`` with ``{"prompt": [ids
 "return_tokens": true}`` (and ``id_slot`` when the op names one); every HTTP call has a timeout.
 
 Slot scenarios (``--slots N``): random ``-np`` 1..3, ``--slot-prompt-similarity`` 0 / 0.1 / 0.5,
-``--cache-ram`` 0 / 1 MiB / default, slot context 256..1024 tokens (``-c`` = that x ``-np``).
+``--cache-ram`` 0 / 1 MiB / default / -1 (no byte limit), slot context 256..1024 tokens (``-c`` = that x ``-np``).
 Several users hold growing conversations (their next prompt is the previous prompt, the real
 reply's tokens and new tokens), start new ones on shared prefixes, send prompts longer than
 the slot context (refused with HTTP 400) and name a slot now and then. The same request and
 the real generated tokens go to ``kvlab.server.slots.SlotServer``; ``slot``, ``cache_n``,
-``prompt_n`` and refusals are compared. The per-token state size passed to kvlab is measured
+``prompt_n``, the tokens sampled and refusals are compared. The per-token state size passed to kvlab is measured
 on the real server: ``/slots/N?action=save`` reports ``n_written`` = 12 bytes of file header +
 4 bytes per token id + ``llama_state_seq_get_size_ext`` (what ``prompt_save`` stores); two
 saves of different lengths give the slope (bytes per token, 1,036 for the tiny llama: 1,024
 of F16 K and V plus 12 bytes of cell metadata) and the intercept (a fixed 132-byte header).
 
 SWA scenarios (``--swa N``): the gemma3 model, ``-np 1 -c 4096 --cache-ram 0``, with and
-without ``--swa-full`` and ``-ctxcp`` 0 / 2 / 32; a long prompt, then prompts sharing prefixes
+without ``--swa-full``, ``-ctxcp`` 0 / 2 / 3 / 4 / 8 / 32, ``--checkpoint-min-step``
+8192 / 1000 / 300 / 0 and ``-b``/``-ub`` down to 512/128; a long prompt, then prompts sharing prefixes
 of random lengths with an earlier one (plus append-only continuations), compared with
 ``kvlab.server.swa.SwaSlot`` (``cache_n``, ``prompt_n``, and the checkpoints the server logs as
-created, ``(pos_min, pos_max, n_tokens)``).
+created, ``(pos_min, pos_max, n_tokens)``, and the whole list after each request).
+
+The servers are ``kvlab.lessons.real_llama.LlamaServer``, which notebooks 10-12 use too.
 
 ``--out FILE`` writes every scenario that differs: its config, the resolved requests up to the
 first difference (prompt, n_predict, id_slot, the real reply tokens), both records of that
@@ -48,32 +51,31 @@ request, and a shrunk version when ``--shrink`` is given (each shrink trial reru
 from __future__ import annotations
 
 import argparse
-import atexit
-import contextlib
 import json
-import os
 import random
 import re
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the clone, when kvlab is not installed
 import llama_models  # noqa: E402
 import llama_reference  # noqa: E402
 
+from kvlab.lessons.real_llama import (  # noqa: E402  (servers are driven the way the lessons drive them)
+    COMMIT,
+    LlamaServer,
+    cache_root,
+    find_server,
+    server_path,
+)
+
 PACKAGE = "llama-cpp-python"
 PACKAGE_VERSION = "0.3.36"
-COMMIT = "0c1e57098"
 CMAKE_FLAGS = (
     "-G",
     "Ninja",
@@ -87,29 +89,18 @@ CMAKE_FLAGS = (
     "-DLLAMA_BUILD_APP=OFF",
     "-DLLAMA_CURL=OFF",
 )
-HTTP_TIMEOUT = 60.0
-START_TIMEOUT = 60.0
 
 
 # ---------------------------------------------------------------------- build
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("KVLAB_LLAMA_CACHE", Path.home() / ".cache" / "kvlab-llama"))
 
 
 def source_dir() -> Path:
     return cache_root() / f"llama_cpp_python-{PACKAGE_VERSION}" / "vendor" / "llama.cpp"
 
 
-def server_path() -> Path:
+def built_server() -> Path:
+    """Where ``--build`` puts the binary (``$KVLAB_LLAMA_SERVER`` may point elsewhere)."""
     return cache_root() / "build" / "bin" / "llama-server"
-
-
-def find_server() -> Path | None:
-    """The built llama-server binary, or None when ``--build`` has not run."""
-    p = server_path()
-    return p if p.is_file() and os.access(p, os.X_OK) else None
 
 
 def vendored_commit() -> str | None:
@@ -139,160 +130,15 @@ def build(jobs: int = 2) -> str:
     commit = vendored_commit()
     if commit is None or not commit.startswith(COMMIT):
         raise SystemExit(f"{src} is at commit {commit}, expected {COMMIT}: remove {root} and rebuild")
-    if find_server() is not None:
-        what = f"reused {server_path()}"
+    if built_server().is_file():
+        what = f"reused {built_server()}"
     else:
         bdir = root / "build"
         subprocess.run(["cmake", "-S", str(src), "-B", str(bdir), *CMAKE_FLAGS], check=True, timeout=1800)
         subprocess.run(["ninja", "-C", str(bdir), f"-j{jobs}", "llama-server"], check=True, timeout=7200)
-        what = f"built {server_path()}"
+        what = f"built {built_server()}"
     models = llama_models.ensure_models(root)
     return f"llama.cpp {commit[:9]}: {what}; models {', '.join(str(p) for p in models.values())}"
-
-
-# ---------------------------------------------------------------------- server lifecycle
-
-_RUNNING: set[subprocess.Popen] = set()
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=5)
-    _RUNNING.discard(proc)
-
-
-@atexit.register
-def _kill_all() -> None:
-    for proc in list(_RUNNING):
-        _kill(proc)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class HttpError(Exception):
-    def __init__(self, status: int, body: dict) -> None:
-        super().__init__(f"HTTP {status}: {body}")
-        self.status = status
-        self.body = body
-
-
-@dataclass
-class LlamaServer:
-    """One llama-server process; use as a context manager."""
-
-    model: Path
-    args: list[str]
-    port: int = 0
-    proc: subprocess.Popen | None = None
-    log_path: Path | None = None
-    _tmp: str | None = None
-
-    def __enter__(self) -> LlamaServer:
-        exe = find_server()
-        if exe is None:
-            raise FileNotFoundError(f"no llama-server in {server_path()}: run llama_harness.py --build")
-        self._tmp = tempfile.mkdtemp(prefix="kvlab-llama-")
-        self.log_path = Path(self._tmp) / "server.log"
-        self.port = free_port()
-        cmd = [str(exe), "-m", str(self.model), "--host", "127.0.0.1", "--port", str(self.port),
-               "-t", "2", "--no-webui", "--seed", "0", "-lv", "4",
-               "--slot-save-path", self._tmp, *self.args]  # fmt: skip
-        log = open(self.log_path, "wb")  # noqa: SIM115
-        try:
-            self.proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
-            )
-        finally:
-            log.close()
-        _RUNNING.add(self.proc)
-        try:
-            deadline = time.monotonic() + START_TIMEOUT
-            while True:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"llama-server exited ({self.proc.returncode}): {self.log_tail()}")
-                with contextlib.suppress(OSError, HttpError, ValueError):
-                    if self.get("/health", timeout=2).get("status") == "ok":
-                        return self
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"llama-server not healthy after {START_TIMEOUT} s: {self.log_tail()}")
-                time.sleep(0.1)
-        except BaseException:
-            self.__exit__(None, None, None)
-            raise
-
-    def __exit__(self, *exc: object) -> None:
-        if self.proc is not None:
-            _kill(self.proc)
-        if self._tmp is not None and os.environ.get("KVLAB_LLAMA_KEEP_LOGS") is None:
-            shutil.rmtree(self._tmp, ignore_errors=True)
-
-    def log_text(self) -> str:
-        assert self.log_path is not None
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-
-    def wait_log(self, marker: str, count: int, timeout: float = 5.0) -> str:
-        """The log once ``marker`` occurs ``count`` times (the server logs from a worker thread)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            text = self.log_text()
-            if text.count(marker) >= count or time.monotonic() > deadline:
-                return text
-            time.sleep(0.02)
-
-    def log_tail(self, n: int = 2000) -> str:
-        return self.log_text()[-n:]
-
-    def _call(self, method: str, path: str, body: dict | None, timeout: float) -> dict:
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}{path}", data=data, method=method,
-            headers={"Content-Type": "application/json"},
-        )  # fmt: skip
-        try:
-            with urllib.request.urlopen(req, timeout=timeout) as r:
-                return json.loads(r.read() or b"{}")
-        except urllib.error.HTTPError as e:
-            try:
-                payload = json.loads(e.read() or b"{}")
-            except ValueError:
-                payload = {}
-            raise HttpError(e.code, payload) from None
-
-    def get(self, path: str, timeout: float = HTTP_TIMEOUT) -> Any:
-        return self._call("GET", path, None, timeout)
-
-    def post(self, path: str, body: dict, timeout: float = HTTP_TIMEOUT) -> Any:
-        return self._call("POST", path, body, timeout)
-
-    def complete(self, prompt: list[int], n_predict: int, id_slot: int = -1) -> dict:
-        """One /completion; returns {refused, slot, cache_n, prompt_n, tokens} or the 400 error."""
-        body: dict[str, Any] = {"prompt": prompt, "n_predict": n_predict, "cache_prompt": True,
-                                "temperature": 0, "top_k": 1, "ignore_eos": True, "return_tokens": True}  # fmt: skip
-        if id_slot != -1:
-            body["id_slot"] = id_slot
-        try:
-            d = self.post("/completion", body)
-        except HttpError as e:
-            if e.status == 400:
-                return {"refused": True, "error": e.body.get("error", {}).get("type")}
-            raise
-        t = d["timings"]
-        return {"refused": False, "slot": d["id_slot"], "cache_n": t["cache_n"], "prompt_n": t["prompt_n"],
-                "tokens": d["tokens"]}  # fmt: skip
 
 
 _STATE_SIZES: dict[tuple[str, int], tuple[int, int]] = {}
@@ -334,6 +180,8 @@ def gen_slot_scenario(seed: int, n_ops: int) -> dict:
         "sim": rnd.choice([0.0, 0.1, 0.1, 0.5]),
         "cache_ram": rnd.choice([0, 1, 8192]),
     }
+    if rnd.random() < 0.25:
+        config["cache_ram"] = -1  # no byte limit: the token limit (the whole -c) decides
     n_users = rnd.randint(2, 4)
     n_prefixes = rnd.randint(1, 2)
     prefixes = [[rnd.randrange(3, llama_models.VOCAB_SIZE) for _ in range(rnd.randint(0, n_ctx_slot // 3))]
@@ -371,7 +219,7 @@ def server_args_slots(config: dict) -> list[str]:
             "--slot-prompt-similarity", str(config["sim"]), "--cache-ram", str(config["cache_ram"])]  # fmt: skip
 
 
-def _kvlab_slot_server(config: dict, state_bytes_per_token: int):  # type: ignore[no-untyped-def]
+def _kvlab_slot_server(config: dict, state_bytes_per_token: int, state_header_bytes: int = 0):  # type: ignore[no-untyped-def]
     from kvlab.server.slots import SlotServer
 
     return SlotServer(
@@ -380,6 +228,7 @@ def _kvlab_slot_server(config: dict, state_bytes_per_token: int):  # type: ignor
         slot_prompt_similarity=config["sim"],
         cache_ram_mib=config["cache_ram"],
         state_bytes_per_token=state_bytes_per_token,
+        state_header_bytes=state_header_bytes,
         record=False,
     )
 
@@ -390,7 +239,7 @@ def _kvlab_complete(
     from kvlab.errors import KvlabError
 
     n_room = ks.n_ctx - len(prompt)
-    gen = [] if n_predict == 0 or real_tokens is None else list(real_tokens)[: max(0, min(n_predict, n_room))]
+    gen = [] if real_tokens is None else list(real_tokens)[: max(0, min(max(n_predict, 1), n_room))]
     if n_predict > 0 and not gen and n_room > 0:
         gen = [3]  # a stand-in when the real server refused (kvlab should refuse before using it)
     try:
@@ -399,13 +248,14 @@ def _kvlab_complete(
         return {"refused": True, "error": type(e).__name__}
     if rec.error:  # the server's own refusal (HTTP 400), which still moved slot state
         return {"refused": True, "error": rec.error}
-    return {"refused": False, "slot": rec.slot_id, "cache_n": rec.cache_n, "prompt_n": rec.prompt_n}
+    return {"refused": False, "slot": rec.slot_id, "cache_n": rec.cache_n, "prompt_n": rec.prompt_n,
+            "n_generated": rec.n_generated}  # fmt: skip
 
 
 def _same(a: dict, b: dict) -> bool:
     if a["refused"] or b["refused"]:
         return a["refused"] == b["refused"]
-    return all(a[k] == b[k] for k in ("slot", "cache_n", "prompt_n"))
+    return all(a[k] == b.get(k, a[k]) for k in ("slot", "cache_n", "prompt_n", "n_generated"))
 
 
 class _Reference:
@@ -436,7 +286,7 @@ def run_slot_scenario(
     """Run a scenario on a fresh server and on kvlab (or the reference); return records and the first difference."""
     cfg = scn["config"]
     if against == "kvlab":
-        ks = _kvlab_slot_server(cfg, state_bytes_per_token)
+        ks = _kvlab_slot_server(cfg, state_bytes_per_token, measure_state_size(model, cfg["np"])[1])
 
         def side(prompt: list[int], k: int, id_slot: int, toks: list[int] | None) -> dict:
             return _kvlab_complete(ks, prompt, k, id_slot, toks)
@@ -505,13 +355,34 @@ _CKPT_RE = re.compile(
 )
 
 
+USER_START = 2  # ``</s>`` in the tiny vocabulary, a control token
+USER_DELIMITERS = [{"role": "user", "delimiter": "</s>"}]
+
+
 def gen_swa_scenario(seed: int, n_ops: int) -> dict:
     rnd = random.Random(10_000 + seed)
     swa_full = rnd.random() < 0.3
     config = {"swa_full": swa_full, "ctxcp": rnd.choice([0, 2, 32, 32]), "n_ctx": 4096}
+    # flags added after the first rounds (drawn from their own stream, so older seeds keep their
+    # prompts): fewer checkpoints, the "too close" spacing, smaller batches and ubatches (a ring
+    # of 256 or 512 cells), and long scenarios that pass 32 checkpoints
+    extra = random.Random(20_000 + seed)
+    config["ctxcp"] = extra.choice([config["ctxcp"], config["ctxcp"], 3, 4, 8])
+    config["min_step"] = extra.choice([8192, 8192, 0, 300, 1000])
+    config["n_ubatch"] = extra.choice([512, 512, 256, 128])
+    config["n_batch"] = max(config["n_ubatch"], extra.choice([2048, 2048, 1024, 512]))
+    if extra.random() < 0.2:
+        n_ops *= 3
+    # user messages: token 2 (``</s>``) starts one, and the request names it as the user delimiter
+    # (``message_delimiters``, what the chat endpoint sends), so the server checkpoints there
+    config["chat"] = extra.random() < 0.4
 
     def toks(n: int) -> list[int]:
-        return [rnd.randrange(3, llama_models.VOCAB_SIZE) for _ in range(n)]
+        out = [rnd.randrange(3, llama_models.VOCAB_SIZE) for _ in range(n)]
+        if config["chat"]:
+            for _ in range(extra.choice([0, 1, 1, 2, 3])):
+                out[extra.randrange(n)] = USER_START
+        return out
 
     ops: list[dict] = [
         {"kind": "new", "new": toks(rnd.randint(600, 2600)), "n_predict": rnd.choice([1, 1, 4])}
@@ -533,24 +404,60 @@ def gen_swa_scenario(seed: int, n_ops: int) -> dict:
 
 def server_args_swa(config: dict) -> list[str]:
     args = ["-np", "1", "-c", str(config["n_ctx"]), "--cache-ram", "0", "-ctxcp", str(config["ctxcp"])]
+    if "min_step" in config:
+        args += ["--checkpoint-min-step", str(config["min_step"])]
+    if "n_ubatch" in config:
+        args += ["-b", str(config["n_batch"]), "-ub", str(config["n_ubatch"])]
     if config["swa_full"]:
         args.append("--swa-full")
     return args
 
 
+def swa_config(config: dict):  # type: ignore[no-untyped-def]
+    """kvlab's ``SwaConfig`` for a scenario's server flags."""
+    from kvlab.server.swa import SwaConfig
+
+    return SwaConfig(n_swa=llama_models.GEMMA3_SWA, n_ctx=config["n_ctx"], swa_full=config["swa_full"],
+                     ctx_checkpoints=config["ctxcp"], checkpoint_min_step=config.get("min_step", 8192),
+                     n_ubatch=config.get("n_ubatch", 512), n_batch=config.get("n_batch", 2048))  # fmt: skip
+
+
+_CKPT_LIST_RE = re.compile(
+    r"(created context checkpoint \d+ of \d+|erased invalidated context checkpoint|erasing old context "
+    r"checkpoint|erasing context checkpoint too close to an earlier one) \(pos_min = (-?\d+), "
+    r"pos_max = (-?\d+), n_tokens = (\d+)|superseding context checkpoint at n_tokens = (\d+)"
+)
+
+
+def checkpoints_from_log(log: str, held: list[list[int]]) -> list[list[int]]:
+    """The slot's checkpoint list after the log lines, starting from ``held`` ([pos_min, pos_max, n_tokens])."""
+    out = [list(c) for c in held]
+    for what, a, b, c, sup in _CKPT_LIST_RE.findall(log):
+        if sup:
+            out = [x for x in out if x[2] != int(sup)]
+        elif what.startswith("created"):
+            out.append([int(a), int(b), int(c)])
+        else:
+            cp = [int(a), int(b), int(c)]
+            if cp in out:
+                out.remove(cp)
+    return out
+
+
 def run_swa_scenario(scn: dict, model: Path, compare_created: bool = True) -> dict:
+    """Run a scenario on a fresh server and on ``SwaSlot``; compare counters, created checkpoints and the list."""
     from kvlab.errors import KvlabError
-    from kvlab.server.swa import SwaConfig, SwaSlot
+    from kvlab.server.swa import SwaSlot
 
     cfg = scn["config"]
-    slot = SwaSlot(SwaConfig(n_swa=llama_models.GEMMA3_SWA, n_ctx=cfg["n_ctx"], swa_full=cfg["swa_full"],
-                             ctx_checkpoints=cfg["ctxcp"]))  # fmt: skip
+    slot = SwaSlot(swa_config(cfg))
     prompts: list[list[int]] = []
     prev: list[int] = []
     released = 0
     resolved = []
     first = None
     agree = 0
+    held: list[list[int]] = []
     with LlamaServer(model, server_args_swa(cfg)) as srv:
         for i, op in enumerate(scn["ops"]):
             if op["kind"] == "new":
@@ -566,16 +473,23 @@ def run_swa_scenario(scn: dict, model: Path, compare_created: bool = True) -> di
                 prompt = prompt[-(cfg["n_ctx"] // 2) :]
             k = op["n_predict"]
             mark = len(srv.log_text())
-            real = srv.complete(prompt, k)
+            starts = [j for j, t in enumerate(prompt) if t == USER_START] if cfg.get("chat") else []
+            real = srv.complete(
+                prompt, k, **({"message_delimiters": USER_DELIMITERS} if cfg.get("chat") else {})
+            )
             if not real["refused"]:
                 released += 1
             log = srv.wait_log("stop processing", released)[mark:]
             real["created"] = [[int(a), int(b), int(c)] for a, b, c in _CKPT_RE.findall(log)]
-            gen = [] if k == 0 or real["refused"] else real["tokens"][:k]
+            held = checkpoints_from_log(log, held)
+            real["checkpoints"] = held
+            gen = [] if real["refused"] else real["tokens"][: max(k, 1)]
             try:
-                rec = slot.complete(prompt, max_tokens=k, generated=gen)
+                rec = slot.complete(prompt, max_tokens=k, generated=gen, user_starts=starts)
                 ours = {"refused": False, "slot": 0, "cache_n": rec.cache_n, "prompt_n": rec.prompt_n,
-                        "created": [[c.pos_min, c.pos_max, c.n_tokens] for c in rec.created]}  # fmt: skip
+                        "n_generated": rec.n_generated,
+                        "created": [[c.pos_min, c.pos_max, c.n_tokens] for c in rec.created],
+                        "checkpoints": [[c.pos_min, c.pos_max, c.n_tokens] for c in slot.checkpoints]}  # fmt: skip
             except KvlabError as e:
                 ours = {"refused": True, "error": type(e).__name__}
             if not real["refused"]:
@@ -584,7 +498,9 @@ def run_swa_scenario(scn: dict, model: Path, compare_created: bool = True) -> di
             prompts.append(prompt)
             prev = prompt + (real.get("tokens") or [])
             same = _same(real, ours) and (
-                real["refused"] or not compare_created or real["created"] == ours["created"]
+                real["refused"]
+                or not compare_created
+                or (real["created"] == ours["created"] and real["checkpoints"] == ours["checkpoints"])
             )
             if same:
                 agree += 1
@@ -634,20 +550,39 @@ def _examples() -> list[dict]:
          "requests": [(_seq(11, 1474), 1, -1), (_seq(11, 1474) + _seq(12, 476), 1, -1),
                       (_seq(11, 1134) + _seq(13, 182), 1, -1),
                       (_seq(11, 900) + _seq(14, 100), 1, -1)]},
+        {"family": "overwriting a ring cell purges every older position (apply_ubatch)", "swa": True,
+         "config": {"swa_full": False, "ctxcp": 32, "n_ctx": 4096},
+         "requests": [(h2071 := _hseq(2071, 903), 1, -1), (b2071 := h2071[:375] + _hseq(26923, 276), 1, -1),
+                      (b2071 + _hseq(14498, 388), 1, -1)]},
+        {"family": "checkpoints too close to an earlier one are erased when the list fills", "swa": True,
+         "config": {"swa_full": False, "ctxcp": 3, "n_ctx": 4096},
+         "requests": [(_hseq(1, 1000), 1, -1), (_hseq(1, 1000) + _hseq(2, 600), 1, -1),
+                      (_hseq(1, 1000) + _hseq(2, 600) + _hseq(3, 700), 1, -1)]},
+        {"family": "--cache-ram -1: no byte limit, at most -c tokens in the cache",
+         "config": {"np": 1, "n_ctx_slot": 512, "sim": 0.1, "cache_ram": -1},
+         "requests": [(_hseq(1, 300), 1, -1), (_hseq(2, 300), 1, -1), (_hseq(3, 300), 1, -1),
+                      (_hseq(1, 300) + _hseq(4, 20), 1, -1)]},
+        {"family": "the entry header decides what fits in --cache-ram",
+         "config": {"np": 1, "n_ctx_slot": 1024, "sim": 0.1, "cache_ram": 1},
+         "requests": [(_hseq(5, 500), 1, -1), (_hseq(6, 512), 1, -1), (_hseq(5, 500) + _hseq(8, 20), 1, -1)]},
     ]  # fmt: skip
+
+
+def _hseq(start: int, n: int) -> list[int]:
+    """The token runs of kvlab's tests (tests/server), which name these cases."""
+    return [3 + (start + 7 * i) % 509 for i in range(n)]
 
 
 def run_examples(models: dict[str, Path]) -> list[dict]:
     """Run each example on the real server and on kvlab; return the records of every request."""
     from kvlab.errors import KvlabError
-    from kvlab.server.swa import SwaConfig, SwaSlot
+    from kvlab.server.swa import SwaSlot
 
     out = []
     for ex in _examples():
         cfg, rows = ex["config"], []
         if ex.get("swa"):
-            slot = SwaSlot(SwaConfig(n_swa=llama_models.GEMMA3_SWA, n_ctx=cfg["n_ctx"], swa_full=cfg["swa_full"],
-                                     ctx_checkpoints=cfg["ctxcp"]))  # fmt: skip
+            slot = SwaSlot(swa_config(cfg))
             with LlamaServer(models["gemma3"], server_args_swa(cfg)) as srv:
                 for n, (prompt, k, _) in enumerate(ex["requests"], 1):
                     mark = len(srv.log_text())
@@ -663,7 +598,7 @@ def run_examples(models: dict[str, Path]) -> list[dict]:
                     rows.append({"prompt_len": len(prompt), "n_predict": k,
                                  "real": {kk: v for kk, v in real.items() if kk != "tokens"}, "kvlab": ours})  # fmt: skip
         else:
-            ks = _kvlab_slot_server(cfg, measure_state_size(models["llama"], cfg["np"])[0])
+            ks = _kvlab_slot_server(cfg, *measure_state_size(models["llama"], cfg["np"]))
             with LlamaServer(models["llama"], server_args_slots(cfg)) as srv:
                 for prompt, k, id_slot in ex["requests"]:
                     real = srv.complete(prompt, k, id_slot)
@@ -736,6 +671,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--examples", action="store_true", help="run the minimal example of each known family")
     ap.add_argument("-v", "--verbose", action="store_true")
     a = ap.parse_args(argv)
+    # a SIGTERM ends the run through SystemExit, so every server is stopped by its finally / atexit
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if a.build:
         print(build())
     if not (a.slots or a.swa or a.examples):
