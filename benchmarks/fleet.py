@@ -5,7 +5,8 @@ its own traffic, and every turn hashes the whole prompt, then the whole prompt
 plus answer, with SHA-256 over the parent digest and ``repr`` of the block.
 kvlab.fleet draws the traffic once, keys each user's blocks once (the chain is
 kept between turns) and interns keys instead of hashing them. Both must print
-the same numbers; the script checks that, then prints the times and the ratio.
+the same numbers; the script checks that, then times both in interleaved runs
+(``kvlab.core.timing``) and prints medians, IQRs and the ratio.
 
     python benchmarks/fleet.py [--repeat N]
 """
@@ -16,12 +17,12 @@ import argparse
 import hashlib
 import random
 import sys
-import time
 from collections import OrderedDict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from kvlab.core.timing import measure_side_by_side  # noqa: E402
 from kvlab.fleet import FleetConfig  # noqa: E402
 from kvlab.lessons.fleet import LESSON_SCENARIOS, lesson_table  # noqa: E402
 
@@ -66,30 +67,30 @@ def straightforward_row(config: FleetConfig) -> tuple[int, int]:
     return prefill, total
 
 
-def timed(fn):
-    start = time.perf_counter()
-    value = fn()
-    return time.perf_counter() - start, value
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--repeat", type=int, default=3, help="runs of kvlab.fleet; the best counts (default 3)"
-    )
+    parser.add_argument("--repeat", type=int, default=3, help="timed runs of each, interleaved (default 3)")
     args = parser.parse_args()
-    plain_s, plain = timed(lambda: [straightforward_row(config) for _, config in LESSON_SCENARIOS])
-    fast_runs = [timed(lesson_table) for _ in range(max(1, args.repeat))]
-    fast_s, rows = min(fast_runs, key=lambda run: run[0])
-    fast = [(r.prefill_tokens, r.total_tokens) for r in rows]
+    # one untimed run of each checks the results and warms both up
+    plain = [straightforward_row(config) for _, config in LESSON_SCENARIOS]
+    fast = [(r.prefill_tokens, r.total_tokens) for r in lesson_table()]
     if fast != plain:
         raise SystemExit(f"results differ:\n  straightforward {plain}\n  kvlab.fleet     {fast}")
-    print("lesson 002 six-row table (all six rows identical in both)")
-    print(f"  straightforward (per-scenario traffic, re-hash every turn): {plain_s:8.3f} s")
-    print(
-        f"  kvlab.fleet     (shared traffic, keys once per user chain): {fast_s:8.3f} s  (best of {len(fast_runs)})"
+    timings = measure_side_by_side(
+        {
+            "straightforward": lambda: [straightforward_row(config) for _, config in LESSON_SCENARIOS],
+            "kvlab.fleet": lesson_table,
+        },
+        warmup=0,
+        repeats=max(1, args.repeat),
     )
-    print(f"  ratio: {plain_s / fast_s:.1f}x faster")
+    slow, quick = timings["straightforward"], timings["kvlab.fleet"]
+    print("lesson 002 six-row table (all six rows identical in both)")
+    print(f"  straightforward (per-scenario traffic, re-hash every turn): {slow}")
+    print(f"  kvlab.fleet     (shared traffic, keys once per user chain): {quick}")
+    low, high = slow.ratio_spread(quick)
+    print(f"  ratio of medians: {slow.ratio_to(quick):.1f}x faster (across the IQRs {low:.1f}x to {high:.1f}x; "
+          f"CPU {slow.cpu_median_ms / quick.cpu_median_ms:.1f}x)")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -3,41 +3,62 @@
 For each shape the script builds one paged KV pool (16-token blocks handed out
 in a shuffled order, as a long-running server's free list would) and the same
 keys and values as one contiguous ``[num_seqs, num_kv_heads, seq_len, head_dim]``
-tensor, checks that every implementation agrees with SDPA, then times them in
-the same run, round-robin, and prints per implementation: time per call, the
-ratio to SDPA, and the GB/s of K and V read (each cached byte counted once).
+tensor, checks that every implementation agrees with SDPA, then times them side
+by side (``kvlab.core.timing.measure_side_by_side``: interleaved rounds, median
+and interquartile range, wall and this process's CPU time) and prints per
+implementation: the median, its ratio to the faster SDPA form in wall and in
+CPU time, and the GB/s of K and V read (each cached byte counted once), next
+to this machine's own bandwidth: a copy of a 256 MiB tensor timed in the same
+run (bytes read + written per second).
 
 SDPA is timed two ways and the faster is the baseline: the usual
 ``enable_gqa=True`` call, and the grouped form that folds each KV head's query
 heads into a short query sequence (exact for decode, often faster on a CPU).
+For the ragged shape (lengths 1 to 4k) the contiguous forms are one SDPA call
+per sequence and one padded call with a key-padding mask.
 
-CPU timings use one intra-op thread by default (``--threads``) and report the
-best of ``--reps`` rounds in wall time and in this process's CPU time: on a
-shared machine the CPU time is the steadier number. On a GPU, the Triton
-kernel is timed with CUDA events and its bandwidth is compared with the card's
-peak (H200: 4.8 TB/s; ``--peak-gbps`` for another card).
+CPU shapes run at one intra-op thread and at the machine's default thread
+count (``--threads 1,2`` to choose). ``paged torch`` is the public
+``impl="torch"`` (the per-sequence walk); ``paged torch tiles`` is the batched
+alternative (chunks of many sequences per flash-kernel call). ``paged flex`` is FlexAttention
+(compiled where torch can, the first call of a shape compiles). A prefill
+section times ``paged_prefill`` of 2k new tokens against SDPA causal on
+contiguous KV. On a GPU, the Triton kernel is timed with CUDA events and its
+bandwidth is compared with the card's peak (H200: 4.8 TB/s; ``--peak-gbps``).
 
-A second section runs the tiny engine's chat with a long system prompt and
+A last section runs the tiny engine's chat with a long system prompt and
 prints the time to first token per turn, cold and once the prefix is cached.
 
-    python benchmarks/paged_attention.py [--reps 5] [--threads 1] [--quick] [--skip-ttft]
+    python benchmarks/paged_attention.py [--reps 7] [--threads 1,2] [--quick] [--no-flex] [--skip-ttft]
 """
 
 from __future__ import annotations
 
 import argparse
-import time
+import sys
+import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from kvlab.engine import Engine, paged_attention, run_chat
-from kvlab.engine.attention import triton_available
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kvlab.core.timing import Timing, measure_side_by_side
+from kvlab.engine import Engine, paged_attention, paged_prefill, run_chat
+from kvlab.engine.attention import (
+    _batched_decode,
+    check_decode_args,
+    flex_available,
+    flex_mode,
+    triton_available,
+)
 from kvlab.engine.chat import context_needed
 
 PEAK_GBPS = {"H200": 4800.0, "H100": 3350.0, "A100": 2039.0}
+DEFAULT_THREADS = torch.get_num_threads()
 
 
 @dataclass(frozen=True)
@@ -50,17 +71,55 @@ class Shape:
     head_dim: int
     block_size: int
     dtype: torch.dtype
+    lens: tuple[int, ...] = field(default=())  # ragged lengths; empty: every sequence is seq_len long
+
+    def seq_lens(self) -> list[int]:
+        return list(self.lens) if self.lens else [self.seq_len] * self.num_seqs
 
     def kv_bytes(self) -> int:
-        return 2 * self.num_seqs * self.seq_len * self.num_kv_heads * self.head_dim * self.dtype.itemsize
+        per_token = 2 * self.num_kv_heads * self.head_dim * self.dtype.itemsize
+        return per_token * sum(self.seq_lens())
+
+
+def ragged_lens(num_seqs: int, longest: int) -> tuple[int, ...]:
+    """Lengths spread from 1 to ``longest`` (deterministic, shuffled so neighbours differ)."""
+    step = (longest - 1) / (num_seqs - 1)
+    lens = [round(1 + i * step) for i in range(num_seqs)]
+    order = torch.randperm(num_seqs, generator=torch.Generator().manual_seed(1)).tolist()
+    return tuple(lens[i] for i in order)
 
 
 CPU_SHAPES = [
+    Shape("8 x 512, 32q/8kv x 128, bs 16", 8, 512, 32, 8, 128, 16, torch.float32),
     Shape("32 x 2k, 32q/8kv x 128, bs 16", 32, 2048, 32, 8, 128, 16, torch.float32),
     Shape("8 x 4k, 32q/8kv x 128, bs 16", 8, 4096, 32, 8, 128, 16, torch.float32),
     Shape("32 x 2k, 32q/32kv x 128, bs 16", 32, 2048, 32, 32, 128, 16, torch.float32),
+    Shape(
+        "32 x ragged 1..4k, 32q/8kv x 128, bs 16",
+        32,
+        4096,
+        32,
+        8,
+        128,
+        16,
+        torch.float32,
+        ragged_lens(32, 4096),
+    ),
 ]
-QUICK_CPU_SHAPES = [Shape("8 x 512, 32q/8kv x 128, bs 16", 8, 512, 32, 8, 128, 16, torch.float32)]
+QUICK_CPU_SHAPES = [
+    CPU_SHAPES[0],
+    Shape(
+        "16 x ragged 1..1k, 32q/8kv x 128, bs 16",
+        16,
+        1024,
+        32,
+        8,
+        128,
+        16,
+        torch.float32,
+        ragged_lens(16, 1024),
+    ),
+]
 GPU_SHAPES = [
     Shape("32 x 4k, 32q/8kv x 128, bs 16, bf16", 32, 4096, 32, 8, 128, 16, torch.bfloat16),
     Shape("32 x 4k, 32q/8kv x 128, bs 16, fp16", 32, 4096, 32, 8, 128, 16, torch.float16),
@@ -69,10 +128,25 @@ GPU_SHAPES = [
 ]
 
 
-def build(shape: Shape, device: str, seed: int = 0):
-    """A paged pool with shuffled blocks and the same K/V contiguous; returns everything both sides need."""
+@dataclass
+class Case:
+    """One shape's paged pool and the same K/V contiguous (padded to the longest sequence)."""
+
+    query: torch.Tensor
+    key_cache: torch.Tensor
+    value_cache: torch.Tensor
+    tables: torch.Tensor
+    seq_lens: torch.Tensor
+    keys: torch.Tensor  # [num_seqs, num_kv_heads, longest, head_dim]
+    values: torch.Tensor
+
+
+def build(shape: Shape, device: str, seed: int = 0) -> Case:
+    """A paged pool with shuffled blocks and the same K/V contiguous."""
     gen = torch.Generator(device=device).manual_seed(seed)
-    blocks_per_seq = shape.seq_len // shape.block_size
+    lens = shape.seq_lens()
+    longest = max(lens)
+    blocks_per_seq = -(-longest // shape.block_size)
     num_blocks = shape.num_seqs * blocks_per_seq
     kv_shape = (num_blocks, shape.block_size, shape.num_kv_heads, shape.head_dim)
 
@@ -83,40 +157,71 @@ def build(shape: Shape, device: str, seed: int = 0):
     value_cache = rand(*kv_shape)
     tables = torch.randperm(num_blocks, generator=gen, device=device).view(shape.num_seqs, blocks_per_seq)
     tables = tables.to(torch.int32)
-    seq_lens = torch.full((shape.num_seqs,), shape.seq_len, dtype=torch.int32, device=device)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
     query = rand(shape.num_seqs, shape.num_heads, shape.head_dim)
     idx = tables.long()
-    dense = (shape.num_seqs, shape.seq_len, shape.num_kv_heads, shape.head_dim)
-    keys = key_cache[idx].reshape(dense).transpose(1, 2).contiguous()
-    values = value_cache[idx].reshape(dense).transpose(1, 2).contiguous()
-    return query, key_cache, value_cache, tables, seq_lens, keys, values
+    dense = (shape.num_seqs, blocks_per_seq * shape.block_size, shape.num_kv_heads, shape.head_dim)
+    keys = key_cache[idx].reshape(dense)[:, :longest].transpose(1, 2).contiguous()
+    values = value_cache[idx].reshape(dense)[:, :longest].transpose(1, 2).contiguous()
+    return Case(query, key_cache, value_cache, tables, seq_lens, keys, values)
 
 
-def sdpa_calls(shape: Shape, query, keys, values) -> dict[str, Callable[[], torch.Tensor]]:
+def sdpa_calls(shape: Shape, case: Case) -> dict[str, Callable[[], torch.Tensor]]:
+    """The contiguous baselines; each returns [num_seqs, num_heads, head_dim]."""
     group = shape.num_heads // shape.num_kv_heads
-    q_gqa = query.view(shape.num_seqs, shape.num_heads, 1, shape.head_dim)
-    q_grouped = query.view(shape.num_seqs, shape.num_kv_heads, group, shape.head_dim)
+    q_gqa = case.query.view(shape.num_seqs, shape.num_heads, 1, shape.head_dim)
+    q_grouped = case.query.view(shape.num_seqs, shape.num_kv_heads, group, shape.head_dim)
+    out_shape = case.query.shape
+    if not shape.lens:
+        return {
+            "sdpa enable_gqa": lambda: F.scaled_dot_product_attention(
+                q_gqa, case.keys, case.values, enable_gqa=group > 1
+            ).view(out_shape),
+            "sdpa grouped": lambda: F.scaled_dot_product_attention(q_grouped, case.keys, case.values).view(
+                out_shape
+            ),
+        }
+    lens = shape.seq_lens()
+    # contiguous per sequence (each its own tensor, as a dense cache would hold it)
+    keys = [case.keys[s : s + 1, :, :n].contiguous() for s, n in enumerate(lens)]
+    values = [case.values[s : s + 1, :, :n].contiguous() for s, n in enumerate(lens)]
+    padding = torch.arange(max(lens), device=case.query.device)[None, :] < case.seq_lens[:, None]
+    mask = padding.view(shape.num_seqs, 1, 1, -1)
+
+    def per_sequence() -> torch.Tensor:
+        return torch.cat(
+            [
+                F.scaled_dot_product_attention(q_grouped[s : s + 1], keys[s], values[s]).view(
+                    1, *out_shape[1:]
+                )
+                for s in range(shape.num_seqs)
+            ]
+        )
+
     return {
-        "sdpa enable_gqa": lambda: F.scaled_dot_product_attention(q_gqa, keys, values, enable_gqa=group > 1),
-        "sdpa grouped": lambda: F.scaled_dot_product_attention(q_grouped, keys, values),
+        "sdpa per sequence": per_sequence,
+        "sdpa padded+mask": lambda: F.scaled_dot_product_attention(
+            q_grouped, case.keys, case.values, attn_mask=mask
+        ).view(out_shape),
     }
 
 
-def time_cpu(calls: dict[str, Callable[[], object]], reps: int) -> dict[str, tuple[float, float]]:
-    """Best (wall, cpu) seconds per call over ``reps`` round-robin rounds, after one warm-up each."""
-    for fn in calls.values():
-        fn()
-    best = {name: (float("inf"), float("inf")) for name in calls}
-    for _ in range(reps):
-        for name, fn in calls.items():
-            w0, c0 = time.perf_counter(), time.process_time()
-            fn()
-            wall, cpu = time.perf_counter() - w0, time.process_time() - c0
-            best[name] = (min(best[name][0], wall), min(best[name][1], cpu))
-    return best
+def paged_calls(case: Case, device: str, with_flex: bool) -> dict[str, Callable[[], torch.Tensor]]:
+    args = (case.query, case.key_cache, case.value_cache, case.tables, case.seq_lens)
+    calls: dict[str, Callable[[], torch.Tensor]] = {
+        "paged torch": lambda: paged_attention(*args, impl="torch"),
+    }
+    if device == "cpu":  # the batched alternative to impl="torch"'s walk
+        shape, scale = check_decode_args(*args, None)
+        calls["paged torch tiles"] = lambda: _batched_decode(*args, scale, shape)
+    if device == "cuda" and triton_available():
+        calls["paged triton"] = lambda: paged_attention(*args, impl="triton")
+    if with_flex and flex_available():
+        calls["paged flex"] = lambda: paged_attention(*args, impl="flex")
+    return calls
 
 
-def time_gpu(calls: dict[str, Callable[[], object]], reps: int) -> dict[str, tuple[float, float]]:
+def time_gpu(calls: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:
     """Median seconds per call from CUDA events, ``reps`` x 10 launches after a warm-up."""
     out = {}
     for name, fn in calls.items():
@@ -133,7 +238,7 @@ def time_gpu(calls: dict[str, Callable[[], object]], reps: int) -> dict[str, tup
             torch.cuda.synchronize()
             samples.append(start.elapsed_time(end) / 10 / 1e3)
         samples.sort()
-        out[name] = (samples[len(samples) // 2], float("nan"))
+        out[name] = samples[len(samples) // 2]
     return out
 
 
@@ -145,38 +250,104 @@ def check_agreement(outputs: dict[str, torch.Tensor], reference: torch.Tensor, d
             raise SystemExit(f"{name} disagrees with SDPA by {err:.2e} (> {tol}); not timing a wrong answer")
 
 
-def bench_shape(shape: Shape, device: str, reps: int, peak_gbps: float | None) -> None:
-    query, key_cache, value_cache, tables, seq_lens, keys, values = build(shape, device)
-    sdpa = sdpa_calls(shape, query, keys, values)
-    impls = ["torch"] + (["triton"] if device == "cuda" and triton_available() else [])
-    paged = {
-        f"paged {impl}": (
-            lambda impl=impl: paged_attention(query, key_cache, value_cache, tables, seq_lens, impl=impl)
+COPY_BYTES = 2 * (256 << 20)  # a copy of 256 MiB reads 256 MiB and writes as much
+
+
+def copy_bandwidth(reps: int) -> Timing:
+    """A copy of a 256 MiB float32 tensor: this machine's memory bandwidth, measured in the same run."""
+    src = torch.randn(64 << 20)
+    dst = torch.empty_like(src)
+    return measure_side_by_side({"copy": lambda: dst.copy_(src)}, warmup=1, repeats=reps)["copy"]
+
+
+def gbps(nbytes: int, ms: float) -> float:
+    return nbytes / ms / 1e6
+
+
+def bench_cpu_shape(shape: Shape, reps: int, with_flex: bool, copy: Timing) -> None:
+    case = build(shape, "cpu")
+    sdpa = sdpa_calls(shape, case)
+    paged = paged_calls(case, "cpu", with_flex)
+    ref = sdpa[next(iter(sdpa))]()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.compile's notes on the first flex call
+        check_agreement({name: fn() for name, fn in {**sdpa, **paged}.items()}, ref, shape.dtype)
+    times = measure_side_by_side({**sdpa, **paged}, warmup=1, repeats=reps)
+    base_name = min(sdpa, key=lambda n: times[n].median_ms)
+    base = times[base_name]
+    cpu_base = min(times[n].cpu_median_ms for n in sdpa)
+    kv = shape.kv_bytes()
+    copy_gbps = gbps(COPY_BYTES, copy.cpu_median_ms)  # CPU time: steadier than wall on a shared machine
+    flex_note = f", flex {flex_mode(shape.dtype, shape.block_size)}" if "paged flex" in paged else ""
+    print(
+        f"\n{shape.name}  (cpu, {torch.get_num_threads()} thread(s), KV {kv / 1e6:.0f} MB, baseline = {base_name}"
+        f"{flex_note})"
+    )
+    print(
+        f"  {'implementation':<20}{'median ms':>10}{'IQR ms':>15}{'vs SDPA':>9}{'cpu ms':>9}"
+        f"{'cpu vs SDPA':>12}{'GB/s':>7}{'cpu GB/s':>9}{'of copy':>9}"
+    )
+    for name, t in times.items():
+        print(
+            f"  {name:<20}{t.median_ms:>10.2f}{f'{t.q1_ms:.2f}-{t.q3_ms:.2f}':>15}{t.median_ms / base.median_ms:>8.2f}x"
+            f"{t.cpu_median_ms:>9.2f}{t.cpu_median_ms / cpu_base:>11.2f}x{gbps(kv, t.median_ms):>7.1f}"
+            f"{gbps(kv, t.cpu_median_ms):>9.1f}{gbps(kv, t.cpu_median_ms) / copy_gbps:>8.0%}"
         )
-        for impl in impls
-    }
-    ref = sdpa["sdpa grouped"]().reshape(query.shape)
+
+
+def bench_gpu_shape(shape: Shape, reps: int, peak_gbps: float | None) -> None:
+    case = build(shape, "cuda")
+    sdpa = sdpa_calls(shape, case)
+    paged = paged_calls(case, "cuda", with_flex=False)
+    ref = sdpa["sdpa grouped"]()
     check_agreement({name: fn() for name, fn in paged.items()}, ref, shape.dtype)
-    timer = time_gpu if device == "cuda" else time_cpu
-    times = timer({**sdpa, **paged}, reps)
-    steadier = 0 if device == "cuda" else 1  # on a shared CPU, this process's CPU time
-    base_name = min(sdpa, key=lambda n: times[n][steadier])
-    base_wall, base_cpu = times[base_name]
+    times = time_gpu({**sdpa, **paged}, reps)
+    base_name = min(sdpa, key=lambda n: times[n])
     gb = shape.kv_bytes() / 1e9
     print(
-        f"\n{shape.name}  ({device}, {str(shape.dtype).replace('torch.', '')}, KV {gb * 1e3:.0f} MB, "
-        f"baseline = {base_name})"
+        f"\n{shape.name}  (cuda, {str(shape.dtype).replace('torch.', '')}, KV {gb * 1e3:.0f} MB, baseline = {base_name})"
     )
-    head = f"  {'implementation':<18}{'ms/call':>10}{'vs SDPA':>9}{'GB/s':>9}"
-    head += f"{'% peak':>8}" if peak_gbps else f"{'cpu ms':>10}{'cpu vs SDPA':>13}"
-    print(head)
-    for name, (wall, cpu) in times.items():
-        line = f"  {name:<18}{wall * 1e3:>10.2f}{wall / base_wall:>8.2f}x{gb / wall:>9.1f}"
-        if peak_gbps:
-            line += f"{100 * gb / wall / peak_gbps:>7.0f}%"
-        else:
-            line += f"{cpu * 1e3:>10.2f}{cpu / base_cpu:>12.2f}x"
+    print(f"  {'implementation':<18}{'ms/call':>10}{'vs SDPA':>9}{'GB/s':>9}{'% peak':>8}")
+    for name, sec in times.items():
+        line = f"  {name:<18}{sec * 1e3:>10.3f}{sec / times[base_name]:>8.2f}x{gb / sec:>9.1f}"
+        line += f"{100 * gb / sec / peak_gbps:>7.0f}%" if peak_gbps else ""
         print(line)
+
+
+def bench_prefill(tokens: int, reps: int) -> None:
+    """paged_prefill of ``tokens`` new tokens (writes K/V through the slot mapping, then causal attention)
+    against SDPA causal on the same K/V contiguous."""
+    heads, kv_heads, dim, bs = 32, 8, 128, 16
+    gen = torch.Generator().manual_seed(2)
+    num_blocks = -(-tokens // bs)
+    query = torch.randn(tokens, heads, dim, generator=gen)
+    key = torch.randn(tokens, kv_heads, dim, generator=gen)
+    value = torch.randn(tokens, kv_heads, dim, generator=gen)
+    kc = torch.zeros(num_blocks, bs, kv_heads, dim)
+    vc = torch.zeros_like(kc)
+    tables = torch.randperm(num_blocks, generator=gen).view(1, -1).to(torch.int32)
+    lens = torch.tensor([tokens])
+    q4, k4, v4 = (x.transpose(0, 1)[None].contiguous() for x in (query, key, value))
+    k_rep, v_rep = (x.repeat_interleave(heads // kv_heads, dim=1) for x in (k4, v4))
+    calls = {
+        "sdpa causal gqa": lambda: F.scaled_dot_product_attention(
+            q4, k4, v4, is_causal=True, enable_gqa=True
+        ),
+        "sdpa causal MHA": lambda: F.scaled_dot_product_attention(q4, k_rep, v_rep, is_causal=True),
+        "paged_prefill": lambda: paged_prefill(query, key, value, kc, vc, tables, lens, lens, impl="torch"),
+    }
+    ref = calls["sdpa causal gqa"]()[0].transpose(0, 1)
+    check_agreement({"paged_prefill": calls["paged_prefill"]()}, ref, torch.float32)
+    times = measure_side_by_side(calls, warmup=1, repeats=reps)
+    base = min(times[n].median_ms for n in calls if n.startswith("sdpa"))
+    cpu_base = min(times[n].cpu_median_ms for n in calls if n.startswith("sdpa"))
+    print(
+        f"\nPrefill, {tokens} new tokens, {heads}q/{kv_heads}kv x {dim}, bs {bs} ({torch.get_num_threads()} thread(s))"
+    )
+    for name, t in times.items():
+        print(
+            f"  {name:<18}{t}   vs SDPA {t.median_ms / base:.2f}x wall, {t.cpu_median_ms / cpu_base:.2f}x cpu"
+        )
 
 
 def bench_ttft(system_tokens: int, turns: int) -> None:
@@ -194,33 +365,51 @@ def bench_ttft(system_tokens: int, turns: int) -> None:
         print(f"  {cache:<7}{cells}   turn 1 / median later = {ratio:.1f}x")
 
 
+def thread_counts(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--reps", type=int, default=7)
     parser.add_argument(
-        "--threads", type=int, default=1, help="torch intra-op threads on the CPU (default 1)"
+        "--threads",
+        type=thread_counts,
+        default=sorted({1, DEFAULT_THREADS}),
+        help=f"comma-separated torch intra-op thread counts for the CPU shapes (default 1,{DEFAULT_THREADS})",
     )
     parser.add_argument("--quick", action="store_true", help="small shapes only (a smoke run)")
+    parser.add_argument("--no-flex", action="store_true", help="skip FlexAttention (its first call compiles)")
     parser.add_argument("--skip-ttft", action="store_true")
-    parser.add_argument("--gpu-only", action="store_true", help="skip the CPU shapes")
+    parser.add_argument("--skip-prefill", action="store_true")
+    parser.add_argument("--gpu-only", action="store_true", help="skip the CPU sections")
     parser.add_argument(
         "--peak-gbps", type=float, default=None, help="the GPU's peak memory bandwidth in GB/s"
     )
     parser.add_argument("--system-tokens", type=int, default=2000)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
     print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} CPU thread(s), cuda={torch.cuda.is_available()}"
+        f"torch {torch.__version__}, default {DEFAULT_THREADS} CPU thread(s), cuda={torch.cuda.is_available()}"
     )
     if not args.gpu_only:
-        for shape in QUICK_CPU_SHAPES if args.quick else CPU_SHAPES:
-            bench_shape(shape, "cpu", args.reps, None)
+        for threads in args.threads:
+            torch.set_num_threads(threads)
+            copy = copy_bandwidth(args.reps)
+            print(
+                f"\n== {threads} thread(s): copy of 256 MiB {copy}: {gbps(COPY_BYTES, copy.median_ms):.1f} GB/s, "
+                f"{gbps(COPY_BYTES, copy.cpu_median_ms):.1f} GB/s of CPU time (read + write)"
+            )
+            for shape in QUICK_CPU_SHAPES if args.quick else CPU_SHAPES:
+                bench_cpu_shape(shape, args.reps, not args.no_flex, copy)
+            if not args.skip_prefill:
+                bench_prefill(512 if args.quick else 2048, args.reps)
+        torch.set_num_threads(DEFAULT_THREADS)
     if torch.cuda.is_available():
         name = torch.cuda.get_device_name()
         peak = args.peak_gbps or next((v for k, v in PEAK_GBPS.items() if k in name), None)
         print(f"\nGPU: {name}, peak {peak or '?'} GB/s")
         for shape in GPU_SHAPES[:1] if args.quick else GPU_SHAPES:
-            bench_shape(shape, "cuda", args.reps, peak)
+            bench_gpu_shape(shape, args.reps, peak)
     if not args.skip_ttft:
         bench_ttft(300 if args.quick else args.system_tokens, 3 if args.quick else 4)
 

@@ -1,4 +1,15 @@
-"""Prefix-cache throughput on a random trace, and why the free queue must be a linked list.
+"""Prefix-cache throughput against vLLM's own code, and why the free queue must be a linked list.
+
+First, side by side with vLLM 0.33.0's real ``KVCacheManager`` when its sources
+are unpacked (``python tools/conformance/vllm_harness.py --fetch``; kvlab alone
+otherwise): the same 100,000-op scenario (alloc, append, free, probe) through
+``PrefixCache`` and through the calls vLLM's scheduler makes (``vllm_ops``),
+checked to give the same hits, new blocks, refusals and final free queue; then
+kvlab's ``hashing.block_hashes`` (vLLM scheme) beside vLLM's ``hash_block_tokens``
+chain on the trace's prompts, checked to give the same digests. CPU time
+(``time.process_time``) of interleaved rounds (``kvlab.core.timing``), medians
+with the IQR, and the ratios. The parsed trace is frozen out of the garbage
+collector's view while timing (``frozen_input``), for both sides alike.
 
 Runs one seeded trace of alloc / append / free operations (chat requests behind
 a few shared system prompts, in a pool small enough that cached blocks are
@@ -16,12 +27,14 @@ op: output and time grow with the ops), beside the default full records on
 blocks). CPU seconds (user + system) and peak memory of the child process.
 
     python benchmarks/prefix_cache.py [--ops 100000] [--blocks 16384] [--seed 0] [--replay-ops 2000]
+                                      [--repeats 5] [--hash-prompts 5000] [--only-vllm]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import hashlib
 import json
 import random
@@ -29,12 +42,18 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-from kvlab.errors import OutOfBlocksError
-from kvlab.models.free_queue import Block, FreeBlockQueue
-from kvlab.models.prefix_cache import PrefixCache
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from kvlab.core import hashing  # noqa: E402
+from kvlab.core.timing import Timing, measure_side_by_side  # noqa: E402
+from kvlab.errors import OutOfBlocksError  # noqa: E402
+from kvlab.models.free_queue import Block, FreeBlockQueue  # noqa: E402
+from kvlab.models.prefix_cache import PrefixCache  # noqa: E402
 
 
 class ListFreeQueue(FreeBlockQueue):
@@ -65,6 +84,10 @@ class ListFreeQueue(FreeBlockQueue):
 
     def prepend_n(self, blocks: Sequence[Block]) -> None:
         self._items[:0] = blocks
+
+    _popleft_n = popleft_n  # the cache's own (unchecked) calls: the same list operations
+    _append_n = append_n
+    _prepend_n = prepend_n
 
 
 class NaivePrefixCache(PrefixCache):
@@ -175,6 +198,241 @@ def make_scenario(num_ops: int, num_blocks: int, block_size: int, seed: int = 0)
     return {"config": config, "ops": ops}
 
 
+CONFORMANCE = Path(__file__).resolve().parent.parent / "tools" / "conformance"
+
+
+def load_vllm() -> Any:
+    """vLLM 0.33.0's real KV-cache modules when their sources are unpacked, else None.
+
+    ``python tools/conformance/vllm_harness.py --fetch`` downloads them; the
+    harness loads ``kv_cache_manager.py``, ``block_pool.py``, ``kv_cache_utils.py``,
+    ``request.py`` and the rest of the cache code unchanged, everything else stubbed.
+    """
+    sys.path.insert(0, str(CONFORMANCE))
+    import vllm_harness
+
+    return vllm_harness.load() if vllm_harness.available() else None
+
+
+@contextlib.contextmanager
+def frozen_input() -> Iterator[None]:
+    """Time with the objects that exist already (the parsed trace) moved out of the garbage collector's view.
+
+    A 100,000-op trace holds millions of token ids in lists; without this, every
+    full collection, triggered by whatever either side allocates, walks all of
+    them, which times the trace rather than the cache. ``gc.freeze`` is the same
+    for both sides; what each one allocates is still collected as usual.
+    """
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+def kvlab_ops(config: dict, ops: list[dict]) -> tuple[list[Any], list[int]]:
+    """The scenario's ops on a fresh ``PrefixCache``: what each call returned (None: refused), and the free queue."""
+    cache = PrefixCache(config["num_blocks"], config["block_size"], null_block=True, hash_scheme="vllm")
+    out: list[Any] = []
+    add = out.append
+    for op in ops:
+        name = op["op"]
+        try:
+            if name == "alloc":
+                add(cache.allocate(op["req"], op["tokens"], op.get("cache_salt")))
+            elif name == "append":
+                add(cache.append(op["req"], op["tokens"]))
+            elif name == "free":
+                add(cache.free(op["req"]))
+            else:
+                add(cache.probe(op["tokens"], op.get("cache_salt")))
+        except OutOfBlocksError:
+            add(None)
+    return out, cache.free_queue()
+
+
+def vllm_ops(v: Any, config: dict, ops: list[dict]) -> tuple[list[Any], list[int]]:
+    """The same ops on vLLM's real ``KVCacheManager``, with the calls its scheduler makes.
+
+    ``tools/conformance/vllm_harness.py`` (``RealPrefixCacheReplay``) says which
+    calls and why; this is that replay without its per-op records. A request is
+    built with the engine's block hasher (its prompt hashed on creation, as in
+    the engine), looked up, then allocated; an append hashes the new full
+    blocks and allocates; a refused append is taken back off the request.
+    """
+    import torch
+    from vllm_harness import MAX_MODEL_LEN, SamplingParams
+
+    iface, request_mod = v.interface, v.request
+    bs = config["block_size"]
+    spec = iface.FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float16)
+    kv_config = iface.KVCacheConfig(
+        num_blocks=config["num_blocks"],
+        kv_cache_tensors=[],
+        kv_cache_groups=[iface.KVCacheGroupSpec(["l"], spec)],
+    )
+    kvm = v.manager.KVCacheManager(
+        kv_config,
+        max_model_len=MAX_MODEL_LEN,
+        scheduler_block_size=bs,
+        hash_block_size=bs,
+        enable_caching=True,
+    )
+    hasher = v.utils.get_request_block_hasher(bs, v.hashing.sha256)
+    params = SamplingParams()
+    Request, running, finished = (
+        request_mod.Request,
+        request_mod.RequestStatus.RUNNING,
+        request_mod.RequestStatus.FINISHED_STOPPED,
+    )
+    live: dict[str, Any] = {}
+    out: list[Any] = []
+    add = out.append
+    for op in ops:
+        name = op["op"]
+        if name == "alloc" or name == "probe":
+            rid = op.get("req") or "probe"
+            request = Request(request_id=rid, prompt_token_ids=list(op["tokens"]), sampling_params=params,
+                              pooling_params=None, cache_salt=op.get("cache_salt"), block_hasher=hasher)  # fmt: skip
+            hit, num_hit, _ = kvm.get_computed_blocks(request)
+            if name == "probe":
+                add((num_hit, hit))
+                continue
+            new = kvm.allocate_slots(request, request.num_tokens - num_hit, num_new_computed_tokens=num_hit,
+                                     new_computed_blocks=hit, full_sequence_must_fit=True,
+                                     has_scheduled_reqs=bool(live))  # fmt: skip
+            if new is None:
+                add(None)
+                continue
+            request.status = running
+            request.num_computed_tokens = request.num_tokens
+            live[rid] = request
+            add((num_hit, hit, new))
+        elif name == "append":
+            request = live[op["req"]]
+            tokens = op["tokens"]
+            num_hashes = len(request.block_hashes)
+            request.append_output_token_ids(tokens)
+            new = kvm.allocate_slots(request, len(tokens))
+            if new is None:
+                del request._output_token_ids[-len(tokens) :]
+                del request._all_token_ids[-len(tokens) :]
+                del request.block_hashes[num_hashes:]
+                add(None)
+                continue
+            request.num_computed_tokens += len(tokens)
+            add(new)
+        else:
+            request = live.pop(op["req"])
+            request.status = finished
+            kvm.free(request)
+            add(None)
+    queue = [b.block_id for b in kvm.block_pool.free_block_queue.get_all_free_blocks()]
+    return out, queue
+
+
+def _kvlab_view(op: dict, result: Any) -> Any:
+    """What the comparison checks of one kvlab result: hits and new blocks (None for refusals and frees)."""
+    if result is None or op["op"] == "free":
+        return None
+    if op["op"] == "probe":
+        return (result.num_cached_tokens, result.hit_block_ids)
+    if op["op"] == "append":
+        return ((), result.new_block_ids)
+    return (result.num_cached_tokens, result.hit_block_ids, result.new_block_ids)
+
+
+def _vllm_view(op: dict, result: Any) -> Any:
+    if result is None:
+        return None
+    if op["op"] == "probe":
+        num_hit, hit = result
+        return (num_hit, tuple(b.block_id for b in hit.blocks[0]))
+    if op["op"] == "append":
+        return ((), tuple(b.block_id for b in result.blocks[0]))
+    num_hit, hit, new = result
+    return (num_hit, tuple(b.block_id for b in hit.blocks[0]), tuple(b.block_id for b in new.blocks[0]))
+
+
+def _print_timings(timings: dict[str, Timing], what: str, ours: str, theirs: str) -> None:
+    for name, t in timings.items():
+        q1, q3 = _cpu_quartiles(t)
+        print(f"  {name:<40}{t.cpu_median_ms:10.1f} CPU ms  (IQR {q1:.1f}-{q3:.1f}, n={t.repeats})")
+    ratio = timings[theirs].cpu_median_ms / timings[ours].cpu_median_ms
+    print(f"  {what}: kvlab runs at {ratio:.2f}x the speed of vLLM's own code")
+
+
+def _cpu_quartiles(t: Timing) -> tuple[float, float]:
+    import statistics
+
+    if t.repeats == 1:
+        return t.cpu_ms[0], t.cpu_ms[0]
+    q1, _, q3 = statistics.quantiles(t.cpu_ms, n=4, method="inclusive")
+    return q1, q3
+
+
+def _keep(store: dict[str, Any], name: str, fn: Callable[[], Any]) -> Callable[[], None]:
+    def go() -> None:
+        store[name] = fn()
+
+    return go
+
+
+def compare_with_vllm(scenario: dict, repeats: int, hash_prompts: int) -> None:
+    """kvlab beside vLLM's real code on the same ops: the cache, then the block hash chain."""
+    v = load_vllm()
+    config, ops = scenario["config"], scenario["ops"]
+    if v is None:
+        print(
+            "vLLM's sources are not unpacked (python tools/conformance/vllm_harness.py --fetch): kvlab alone"
+        )
+        t = measure_side_by_side({"kvlab PrefixCache": lambda: kvlab_ops(config, ops)}, repeats=repeats)
+        print(f"  kvlab PrefixCache {t['kvlab PrefixCache'].cpu_median_ms:.1f} CPU ms for {len(ops):,} ops")
+        return
+    got: dict[str, Any] = {}
+    ours, theirs = "kvlab PrefixCache", "vLLM 0.33.0 KVCacheManager"
+    fns = {ours: _keep(got, "kvlab", lambda: kvlab_ops(config, ops)),
+           theirs: _keep(got, "vllm", lambda: vllm_ops(v, config, ops))}  # fmt: skip
+    with frozen_input():
+        timings = measure_side_by_side(fns, warmup=1, repeats=repeats)
+    (k_out, k_queue), (v_out, v_queue) = got["kvlab"], got["vllm"]
+    mine = [_kvlab_view(op, r) for op, r in zip(ops, k_out, strict=True)]
+    real = [_vllm_view(op, r) for op, r in zip(ops, v_out, strict=True)]
+    if mine != real or k_queue != v_queue:
+        raise SystemExit("kvlab and vLLM returned different results: a bug, not a benchmark result")
+    print(f"side by side with vLLM's real code, {len(ops):,} ops (same hits, new blocks, refusals and final "
+          "free queue: checked), CPU time:")  # fmt: skip
+    _print_timings(timings, "prefix cache", ours, theirs)
+
+    bs = config["block_size"]
+    prompts = [op["tokens"] for op in ops if op["op"] == "alloc"][:hash_prompts]
+    hash_block_tokens, sha256 = v.utils.hash_block_tokens, v.hashing.sha256
+
+    def vllm_chain() -> list[list[bytes]]:
+        chains = []
+        for toks in prompts:
+            parent, chain = None, []
+            for start in range(0, len(toks) - bs + 1, bs):
+                parent = hash_block_tokens(sha256, parent, toks[start : start + bs], None)
+                chain.append(parent)
+            chains.append(chain)
+        return chains
+
+    def kvlab_chain() -> list[list[bytes]]:
+        return [hashing.block_hashes(toks, bs, scheme="vllm") for toks in prompts]
+
+    ours, theirs = "kvlab hashing.block_hashes (vllm scheme)", "vLLM hash_block_tokens chain"
+    fns = {ours: _keep(got, "kvlab", kvlab_chain), theirs: _keep(got, "vllm", vllm_chain)}
+    with frozen_input():
+        timings = measure_side_by_side(fns, warmup=1, repeats=max(repeats, 5))
+    if got["kvlab"] != got["vllm"]:
+        raise SystemExit("kvlab and vLLM hashed differently: a bug, not a benchmark result")
+    blocks = sum(len(c) for c in got["kvlab"])
+    print(f"block hashes of {len(prompts):,} prompts ({blocks:,} blocks, the same digests: checked):")
+    _print_timings(timings, "hash chain", ours, theirs)
+
+
 _CHILD = (
     "import resource, sys\nfrom kvlab.__main__ import main\ncode = main(sys.argv[1:])\n"
     "u = resource.getrusage(resource.RUSAGE_SELF)\n"
@@ -224,8 +482,19 @@ def main() -> None:
     parser.add_argument(
         "--replay-ops", type=int, default=2000, help="ops for the CLI's default (full) mode (default 2000)"
     )
+    parser.add_argument(
+        "--repeats", type=int, default=5, help="timed rounds side by side with vLLM (default 5)"
+    )
+    parser.add_argument(
+        "--hash-prompts", type=int, default=5000, help="prompts for the hash-chain comparison"
+    )
+    parser.add_argument("--only-vllm", action="store_true", help="only the comparison with vLLM's real code")
     args = parser.parse_args()
 
+    big = make_scenario(args.ops, args.blocks, args.block_size, args.seed)
+    compare_with_vllm(big, args.repeats, args.hash_prompts)
+    if args.only_vllm:
+        return
     fast = run_trace(PrefixCache(args.blocks, args.block_size, null_block=True), args.ops, args.seed)
     naive = run_trace(NaivePrefixCache(args.blocks, args.block_size, null_block=True), args.ops, args.seed)
     if (fast.digest, fast.hit_blocks, fast.evicted) != (naive.digest, naive.hit_blocks, naive.evicted):
@@ -236,7 +505,6 @@ def main() -> None:
     print(
         f"linked list / list: {naive.seconds / fast.seconds:.1f}x faster (same results, trace {fast.digest})"
     )
-    big = make_scenario(args.ops, args.blocks, args.block_size, args.seed)
     small = {"config": big["config"], "ops": big["ops"][: args.replay_ops]}
     print(f"python -m kvlab replay prefix-cache, the trace as a scenario ({args.blocks:,} blocks):")
     report_replay("prefix-cache", big, small)

@@ -29,10 +29,14 @@ from __future__ import annotations
 import hashlib
 import pickle
 import struct
+import sys
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvlab.errors import (
+    LIMITS,
+    MAX_TOKEN_ID,
     InvalidArgumentError,
     brief,
     check_bool,
@@ -109,10 +113,96 @@ def _hash_block(
         data = parent + struct.pack(f">{len(block_tokens)}i", *block_tokens)
         if salt is not None:
             data += salt.encode("utf-8")
-        return hashlib.sha256(data).digest()
+        return _sha256(data).digest()
     extra = (("cache_salt", salt),) if (salt is not None and first) else None
-    payload = (parent, tuple(block_tokens), extra)
-    return hashlib.sha256(pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)).digest()
+    return _sha256(_dumps((parent, tuple(block_tokens), extra), _PROTOCOL)).digest()
+
+
+_sha256 = hashlib.sha256
+_dumps = pickle.dumps
+_PROTOCOL = pickle.HIGHEST_PROTOCOL
+
+
+def _chain(
+    parent: bytes, tokens: Sequence[int], block_size: int, salt: str | None, scheme: str, first: bool = True
+) -> list[bytes]:
+    """The digests of ``tokens``' full blocks, chained from ``parent`` (arguments already checked).
+
+    ``tokens`` start on a block boundary; ``first`` says their first block is block 0
+    of its sequence (the vLLM scheme salts only that one). One loop with everything
+    bound locally: the models, ``block_hashes`` and the fleet all hash through here,
+    so a block costs no more than in vLLM's own ``hash_block_tokens`` chain.
+    """
+    sha256 = _sha256
+    out: list[bytes] = []
+    add = out.append
+    stop = len(tokens) - block_size + 1
+    if scheme == "lesson":
+        pack = struct.Struct(f">{block_size}i").pack
+        tail = b"" if salt is None else salt.encode("utf-8")
+        for at in range(0, stop, block_size):
+            parent = sha256(parent + pack(*tokens[at : at + block_size]) + tail).digest()
+            add(parent)
+        return out
+    if stop <= 0:
+        return out
+    dumps, protocol = _dumps, _PROTOCOL
+    keys = tokens if type(tokens) is tuple else tuple(tokens)  # a tuple's slices are the tuples vLLM pickles
+    begin = 0
+    if first and salt is not None:  # vLLM: the salt is block 0's extra key only
+        parent = sha256(dumps((parent, keys[:block_size], (("cache_salt", salt),)), protocol)).digest()
+        add(parent)
+        begin = block_size
+    for at in range(begin, stop, block_size):
+        parent = sha256(dumps((parent, keys[at : at + block_size], None), protocol)).digest()
+        add(parent)
+    return out
+
+
+def _chain_known(
+    parent: bytes,
+    tokens: Sequence[int],
+    block_size: int,
+    salt: str | None,
+    scheme: str,
+    first: bool,
+    known: dict[tuple, bytes],
+) -> tuple[list[bytes], list[tuple]]:
+    """``_chain`` that skips the digests ``known`` already holds; returns the digests and their keys.
+
+    A block's key is everything its digest depends on under one scheme: the parent's
+    digest, the block's token ids and its extra keys (the vLLM scheme's salt on block
+    0, the lesson scheme's salt on every block). ``known`` maps keys to digests (a
+    prefix cache keeps the keys of the blocks it holds), so a block already cached
+    costs a dictionary lookup instead of a pickle and a SHA-256, with the same digest.
+    """
+    sha256 = _sha256
+    digests: list[bytes] = []
+    keys: list[tuple] = []
+    add, add_key, get = digests.append, keys.append, known.get
+    stop = len(tokens) - block_size + 1
+    if stop <= 0:
+        return digests, keys
+    ids = tokens if type(tokens) is tuple else tuple(tokens)
+    lesson = scheme == "lesson"
+    pack = struct.Struct(f">{block_size}i").pack if lesson else None
+    tail = b"" if salt is None else salt.encode("utf-8")
+    dumps, protocol = _dumps, _PROTOCOL
+    extra = (("cache_salt", salt),) if (first and salt is not None) else None
+    for at in range(0, stop, block_size):
+        block = ids[at : at + block_size]
+        key = (parent, block, salt) if lesson else (parent, block, extra)
+        digest = get(key)
+        if digest is None:
+            if lesson:
+                digest = sha256(parent + pack(*block) + tail).digest()  # type: ignore[misc]
+            else:
+                digest = sha256(dumps(key, protocol)).digest()
+        add(digest)
+        add_key(key)
+        parent = digest
+        extra = None
+    return digests, keys
 
 
 def block_hashes(
@@ -123,16 +213,38 @@ def block_hashes(
     ``tokens`` are ids 0..MAX_TOKEN_ID, at most ``LIMITS.tokens`` of them; ``block_size`` is at
     most ``LIMITS.block_size``.
     """
-    toks = check_tokens("tokens", tokens, allow_empty=True)
+    toks = check_token_ids("tokens", tokens, allow_empty=True)
     block_size = check_size("block_size", block_size, "block_size", minimum=1)
     scheme = check_choice("scheme", scheme, SCHEMES, what="hash scheme")
     salt = check_salt(salt)
-    out: list[bytes] = []
-    parent = none_hash(scheme)
-    for start in range(0, len(toks) - block_size + 1, block_size):
-        parent = _hash_block(parent, toks[start : start + block_size], salt, start == 0, scheme)
-        out.append(parent)
-    return out
+    return _chain(none_hash(scheme), toks, block_size, salt, scheme)
+
+
+def check_token_ids(name: str, tokens: object, *, allow_empty: bool = False) -> list[int]:
+    """``kvlab.errors.check_tokens`` with a fast path: a list or tuple of plain ints in range is checked at C speed.
+
+    The range test packs the ids as 32-bit signed ints (``array("i")`` refuses anything past
+    2**31 - 1 = MAX_TOKEN_ID) and looks for a sign bit among the packed bytes. Anything else
+    (numpy ints, bad values, the limits) goes through ``check_tokens``, which says what is wrong.
+    """
+    if (
+        type(tokens) in (list, tuple)
+        and 0 < len(tokens) <= LIMITS.tokens  # type: ignore[arg-type]
+        and set(map(type, tokens)) == _JUST_INT  # type: ignore[call-overload]
+    ):
+        try:
+            packed = array("i", tokens)  # type: ignore[arg-type]
+        except OverflowError:
+            pass
+        else:
+            if packed.tobytes()[_SIGN_BYTES].isascii():  # no byte >= 0x80 where the sign bits are: all >= 0
+                return list(tokens)  # type: ignore[call-overload]
+    return check_tokens(name, tokens, allow_empty=allow_empty)
+
+
+_SIGN_BYTES = slice(3, None, 4) if sys.byteorder == "little" else slice(0, None, 4)
+assert array("i").itemsize == 4 and MAX_TOKEN_ID == 2**31 - 1, "the fast token check packs ids as int32"
+_JUST_INT = {int}
 
 
 def short(digest: bytes, nbytes: int = 4) -> str:

@@ -14,14 +14,23 @@ C, A, B, C, ...), so a burst of load on the machine falls on all of them
 alike and their ratio stays honest. ``Timing.clearly_faster_than`` is the test
 a notebook sentence such as "the cached turn is faster" must pass: the slower
 one's first quartile above the faster one's third quartile.
+
+``measure_once`` times a single call that cannot be repeated (a stepper
+step's first visit, a whole notebook run) with the same clocks, and ``Timing``
+also holds samples measured elsewhere (an engine's time to first token).
+``sync`` (for example ``torch.cuda.synchronize``) is called before and after
+each timed call, so asynchronous GPU work is inside the measurement.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
 
 from kvlab.errors import InvalidArgumentError, brief, check_int
 
@@ -35,6 +44,19 @@ def _quartiles(values: tuple[float, ...]) -> tuple[float, float, float]:
     return q1, q2, q3
 
 
+def _check_samples(name: str, values: object) -> tuple[float, ...]:
+    if isinstance(values, (str, bytes)) or not isinstance(values, (tuple, list)):
+        raise InvalidArgumentError(f"{name} must be a tuple or list of milliseconds, got {brief(values)}")
+    if not 0 < len(values) <= MAX_REPEATS:
+        raise InvalidArgumentError(f"{name} must hold 1 to {MAX_REPEATS:,} samples, got {len(values)}")
+    out = []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise InvalidArgumentError(f"{name} must hold finite times of at least 0 ms, got {brief(v)}")
+        out.append(float(v))
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class Timing:
     """Repeated measurements of one thing: wall and CPU milliseconds, one entry per timed call."""
@@ -43,8 +65,18 @@ class Timing:
     cpu_ms: tuple[float, ...]
 
     def __post_init__(self) -> None:
-        if not self.wall_ms or len(self.wall_ms) != len(self.cpu_ms):
-            raise InvalidArgumentError("a Timing needs at least one sample, as many CPU as wall samples")
+        wall = _check_samples("wall_ms", self.wall_ms)
+        cpu = _check_samples("cpu_ms", self.cpu_ms)
+        if len(wall) != len(cpu):
+            raise InvalidArgumentError(
+                f"a Timing needs as many CPU as wall samples, got {len(cpu)} and {len(wall)}"
+            )
+        object.__setattr__(self, "wall_ms", wall)
+        object.__setattr__(self, "cpu_ms", cpu)
+
+    @cached_property
+    def _wall_quartiles(self) -> tuple[float, float, float]:
+        return _quartiles(self.wall_ms)
 
     @property
     def repeats(self) -> int:
@@ -52,15 +84,15 @@ class Timing:
 
     @property
     def median_ms(self) -> float:
-        return _quartiles(self.wall_ms)[1]
+        return self._wall_quartiles[1]
 
     @property
     def q1_ms(self) -> float:
-        return _quartiles(self.wall_ms)[0]
+        return self._wall_quartiles[0]
 
     @property
     def q3_ms(self) -> float:
-        return _quartiles(self.wall_ms)[2]
+        return self._wall_quartiles[2]
 
     @property
     def iqr_ms(self) -> float:
@@ -75,10 +107,23 @@ class Timing:
         return _quartiles(self.cpu_ms)[1]
 
     def ratio_to(self, other: Timing) -> float:
-        """This median over ``other``'s median (above 1: this one is slower)."""
+        """This median over ``other``'s median (above 1: this one is slower); 1 when both are 0."""
         if not isinstance(other, Timing):
             raise InvalidArgumentError(f"ratio_to needs a Timing, got {brief(other)}")
-        return self.median_ms / other.median_ms if other.median_ms > 0 else float("inf")
+        if other.median_ms > 0:
+            return self.median_ms / other.median_ms
+        return 1.0 if self.median_ms == 0 else math.inf
+
+    def ratio_spread(self, other: Timing) -> tuple[float, float]:
+        """The ratio's range when the spreads are at their least and most favourable: (q1 / q3', q3 / q1').
+
+        A claim "A is N times slower than B" holds across both spreads when N is at most the first value.
+        """
+        if not isinstance(other, Timing):
+            raise InvalidArgumentError(f"ratio_spread needs a Timing, got {brief(other)}")
+        low = self.q1_ms / other.q3_ms if other.q3_ms > 0 else math.inf
+        high = self.q3_ms / other.q1_ms if other.q1_ms > 0 else math.inf
+        return low, high
 
     def clearly_faster_than(self, other: Timing) -> bool:
         """True when the spreads do not overlap: this one's third quartile below ``other``'s first."""
@@ -109,33 +154,67 @@ def _check_callable(name: str, fn: object) -> Callable[[], object]:
     return fn  # type: ignore[return-value]
 
 
-def _one_call(fn: Callable[[], object]) -> tuple[float, float]:
+def _check_sync(sync: object) -> Callable[[], object] | None:
+    return None if sync is None else _check_callable("sync", sync)
+
+
+def _one_call(fn: Callable[[], object], sync: Callable[[], object] | None) -> tuple[object, float, float]:
+    if sync is not None:
+        sync()
     wall0, cpu0 = time.perf_counter(), time.process_time()
-    fn()
-    return (time.perf_counter() - wall0) * 1e3, (time.process_time() - cpu0) * 1e3
+    value = fn()
+    if sync is not None:
+        sync()
+    return value, (time.perf_counter() - wall0) * 1e3, (time.process_time() - cpu0) * 1e3
 
 
-def measure(fn: Callable[[], object], *, warmup: int = 1, repeats: int = 11) -> Timing:
+def measure_once(
+    fn: Callable[[], object], *, sync: Callable[[], object] | None = None
+) -> tuple[object, Timing]:
+    """Call ``fn`` once, timed; return its value and a one-sample ``Timing`` (no spread: say so when printing)."""
+    fn = _check_callable("fn", fn)
+    value, wall, cpu = _one_call(fn, _check_sync(sync))
+    return value, Timing((wall,), (cpu,))
+
+
+def measure(
+    fn: Callable[[], object],
+    *,
+    warmup: int = 1,
+    repeats: int = 11,
+    sync: Callable[[], object] | None = None,
+) -> Timing:
     """Call ``fn`` ``warmup`` times untimed, then ``repeats`` times timed; return every sample."""
-    return measure_side_by_side({"fn": fn}, warmup=warmup, repeats=repeats)["fn"]
+    return measure_side_by_side({"fn": fn}, warmup=warmup, repeats=repeats, sync=sync)["fn"]
 
 
 def measure_side_by_side(
-    fns: Mapping[str, Callable[[], object]], *, warmup: int = 1, repeats: int = 11
-) -> dict[str, Timing]:
-    """Time several functions in interleaved rounds, so load on the machine falls on all alike."""
+    fns: Mapping[Any, Callable[[], object]],
+    *,
+    warmup: int = 1,
+    repeats: int = 11,
+    sync: Callable[[], object] | None = None,
+) -> dict[Any, Timing]:
+    """Time several functions in interleaved rounds, so load on the machine falls on all alike.
+
+    ``fns`` maps any key (a name, a block size) to a function; the result has the same keys.
+    """
     if not isinstance(fns, Mapping) or not fns:
         raise InvalidArgumentError(f"fns must be a non-empty mapping of name to function, got {brief(fns)}")
-    checked = {str(name): _check_callable(f"fns[{name!r}]", fn) for name, fn in fns.items()}
+    if len(fns) > MAX_REPEATS:
+        raise InvalidArgumentError(f"at most {MAX_REPEATS:,} functions side by side, got {len(fns)}")
+    checked = {name: _check_callable(f"fns[{brief(name)}]", fn) for name, fn in fns.items()}
     warmup = check_int("warmup", warmup, minimum=0, maximum=MAX_REPEATS)
     repeats = check_int("repeats", repeats, minimum=1, maximum=MAX_REPEATS)
+    sync = _check_sync(sync)
     for _ in range(warmup):
         for fn in checked.values():
             fn()
     samples: dict[str, list[tuple[float, float]]] = {name: [] for name in checked}
     for _ in range(repeats):
         for name, fn in checked.items():
-            samples[name].append(_one_call(fn))
+            _, wall, cpu = _one_call(fn, sync)
+            samples[name].append((wall, cpu))
     return {
         name: Timing(tuple(w for w, _ in rows), tuple(c for _, c in rows)) for name, rows in samples.items()
     }

@@ -23,7 +23,11 @@ Implementations (``impl=``):
 * ``"torch"`` (decode) walks each sequence a tile of whole blocks at a time
   with an online softmax (running max, running sum, rescaled accumulator), so
   the gathered sequence is never materialised; within a tile all heads are one
-  batched matmul. For prefill, ``"torch"`` gathers each sequence and runs
+  batched matmul. An alternative, ``_batched_decode``, gathers chunks of many
+  sequences into one cache-sized tile and runs torch's CPU flash kernel on each
+  tile, merging a sequence's chunks by their log-sum-exps (timed beside the
+  walk by the benchmark; see ``_torch_decode`` for why it is not the default). For prefill,
+  ``"torch"`` gathers each sequence and runs
   torch's fused attention with the causal offset (prefill is compute-bound;
   the gather is small next to it).
 * ``"triton"`` (decode only) a Triton kernel: one program per sequence and KV
@@ -32,9 +36,14 @@ Implementations (``impl=``):
 * ``"auto"`` picks triton for CUDA tensors when triton imports, torch otherwise
   (prefill: always torch).
 
-``impl="flex"`` (FlexAttention with a paged block mask) is not implemented: on
-a CPU it needs torch.compile's C++ toolchain, and the Triton kernel already
-covers the GPU.
+* ``"flex"`` (decode only) torch's FlexAttention (torch >= 2.5) over the whole
+  pool viewed as one long sequence, driven by a block mask built from the block
+  tables the way attention-gym's paged attention does it: each sequence's
+  kv_indices are its physical blocks (whole blocks as "full" blocks, the last,
+  partial one as a masked block), and a mask_mod maps a physical slot back to
+  its logical position. Compiled with ``torch.compile`` (a C++ kernel on the
+  CPU, Triton on a GPU) where that works, cached per process; otherwise, and
+  for float64, eager (exact but dense over the pool: small pools only).
 
 Grouped-query attention: ``num_heads`` must be a multiple of ``num_kv_heads``;
 query head ``h`` uses KV head ``h // (num_heads // num_kv_heads)``.
@@ -49,7 +58,9 @@ implementations share their argument checks and are tested against each other.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from kvlab.errors import InvalidArgumentError, cdiv
 
@@ -58,7 +69,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError("kvlab.engine needs torch: pip install 'kvlab[engine]'") from exc
 
-DECODE_IMPLS = ("auto", "reference", "torch", "triton")
+DECODE_IMPLS = ("auto", "reference", "torch", "triton", "flex")
 PREFILL_IMPLS = ("auto", "reference", "torch")
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 INT_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
@@ -66,6 +77,12 @@ INT_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
 # CPU cache (measured on a 2-core EPYC with benchmarks/paged_attention.py: 1 MiB, 128..512 tokens)
 TILE_BYTES = 1 << 20
 MIN_TILE_TOKENS, MAX_TILE_TOKENS = 128, 512
+# the batched CPU decode: chunks of one sequence of about CHUNK_BYTES of keys, tiles of several chunks of
+# about BATCH_TILE_BYTES (keys; values as much again)
+CHUNK_BYTES = 2 << 20
+BATCH_TILE_BYTES = 4 << 20
+# FlexAttention's query block: decode has one query row, any size >= 1 works (attention-gym uses 128)
+FLEX_Q_BLOCK = 128
 
 
 @dataclass(frozen=True)
@@ -220,10 +237,8 @@ def check_decode_args(
 
 
 def _check_impl(impl: object, allowed: tuple[str, ...]) -> str:
-    if impl == "flex":
-        raise InvalidArgumentError(
-            "impl='flex' (FlexAttention) is not implemented; use one of " + ", ".join(allowed)
-        )
+    if impl == "flex" and "flex" not in allowed:
+        raise InvalidArgumentError("impl='flex' is for decode only; use one of " + ", ".join(allowed))
     if not isinstance(impl, str) or impl not in allowed:
         raise InvalidArgumentError(f"unknown impl {impl!r}: use one of {', '.join(allowed)}")
     return impl
@@ -272,6 +287,8 @@ def paged_attention(
         return _reference_decode(query, key_cache, value_cache, block_tables, seq_lens, scale_, shape)
     if impl == "torch":
         return _torch_decode(query, key_cache, value_cache, block_tables, seq_lens, scale_, shape)
+    if impl == "flex":
+        return flex_decode(query, key_cache, value_cache, block_tables, seq_lens, scale_, shape)
     if not triton_available():
         raise InvalidArgumentError(
             "impl='triton' needs the triton package: pip install triton (or use impl='torch')"
@@ -316,7 +333,25 @@ def _work_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _torch_decode(
+def _cpu_flash() -> Callable[..., tuple[torch.Tensor, torch.Tensor]] | None:
+    """torch's CPU flash-attention kernel with its log-sum-exp (what SDPA runs on a CPU), if this torch has it."""
+    return getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def _torch_decode(query, key_cache, value_cache, block_tables, seq_lens, scale, shape: PagedShape):
+    """``impl="torch"``: the per-sequence walk.
+
+    The batched tiles (``_batched_decode``) are exact too but did not win
+    where it counts: in benchmarks/paged_attention.py on a shared 2-core
+    machine the walk was 10-25% faster at one thread on every shape, and at two
+    threads the results flipped with the machine's load (tiles ahead on a busy
+    machine, the walk ahead, 1.3x against 3.5x the SDPA CPU time, on the
+    ragged shape when it was quieter). The benchmark times both.
+    """
+    return _torch_walk(query, key_cache, value_cache, block_tables, seq_lens, scale, shape)
+
+
+def _batched_decode(
     query,
     key_cache,
     value_cache,
@@ -326,7 +361,114 @@ def _torch_decode(
     shape: PagedShape,
     tile_tokens: int | None = None,
 ):
-    """Online softmax over tiles of whole blocks, one sequence at a time.
+    """Chunks of every sequence batched into tiles, each tile one call of torch's CPU flash kernel.
+
+    Every sequence is cut into chunks of ``tile_tokens`` tokens (whole blocks).
+    Chunks of many sequences are gathered together into one small reused
+    buffer (a tile of about ``BATCH_TILE_BYTES`` of keys, so it stays in the
+    CPU cache) and attended by torch's CPU flash kernel in one call, which
+    spreads the (chunk, KV head) pairs over all threads and returns each
+    chunk's log-sum-exp. Chunks of one sequence are then merged exactly:
+    weights ``softmax`` of their log-sum-exps. Short last chunks are padded to
+    a power of two of blocks with a repeated valid block, hidden by an additive mask.
+
+    Why tiles of many sequences: one call per tile, not per sequence, so
+    Python's per-op cost is paid per megabyte, not per sequence, and a second
+    thread has work even when each sequence is short.
+    """
+    flash = _cpu_flash()
+    work = _work_dtype(query.dtype)
+    bs, hkv, group, dim = shape.block_size, shape.num_kv_heads, shape.group, shape.head_dim
+    per_token = hkv * dim * torch.finfo(work).bits // 8
+    if tile_tokens is None:
+        tile_tokens = max(MIN_TILE_TOKENS, min(MAX_TILE_TOKENS, CHUNK_BYTES // per_token))
+    chunk_blocks = max(1, tile_tokens // bs)
+    lens = seq_lens.to(torch.int64)
+    n_blocks = (lens + bs - 1) // bs
+    n_chunks = (n_blocks + chunk_blocks - 1) // chunk_blocks
+    max_chunks = int(n_chunks.max())
+    # one row per (sequence, chunk): its sequence, chunk number, first block and valid tokens
+    pair_seq = torch.repeat_interleave(torch.arange(shape.num_seqs), n_chunks)
+    starts = torch.cumsum(n_chunks, 0) - n_chunks
+    pair_chunk = torch.arange(pair_seq.numel()) - starts[pair_seq]
+    first_block = pair_chunk * chunk_blocks
+    pair_blocks = torch.clamp(n_blocks[pair_seq] - first_block, max=chunk_blocks)
+    pair_valid = torch.clamp(lens[pair_seq] - first_block * bs, max=chunk_blocks * bs)
+    # tile widths: a whole chunk, or a power of two of blocks for a short last chunk (few distinct shapes)
+    width = torch.where(
+        pair_blocks == chunk_blocks,
+        chunk_blocks,
+        torch.clamp(
+            2 ** torch.ceil(torch.log2(pair_blocks.to(torch.float64))).to(torch.int64), max=chunk_blocks
+        ),
+    )
+    tables = block_tables.to(torch.int64)
+    q_all = (query.to(work) * scale).view(shape.num_seqs, hkv, group, dim)
+    out_pairs = torch.empty((pair_seq.numel(), hkv, group, dim), dtype=work)
+    lse_pairs = torch.empty((pair_seq.numel(), hkv, group), dtype=work)
+    for w in torch.unique(width).tolist():
+        rows = (width == w).nonzero()[:, 0]
+        cols = first_block[rows, None] + torch.arange(w)[None, :]
+        last = (first_block[rows] + pair_blocks[rows] - 1)[:, None]
+        ids = tables[pair_seq[rows, None], torch.minimum(cols, last)]  # pad with the chunk's last block
+        _attend_tiles(
+            flash, q_all, key_cache, value_cache, rows, pair_seq, pair_valid, ids, work, out_pairs, lse_pairs
+        )
+    if max_chunks == 1:
+        out = out_pairs
+    else:
+        lse_pad = lse_pairs.new_full((shape.num_seqs, max_chunks, hkv, group), float("-inf"))
+        out_pad = out_pairs.new_zeros((shape.num_seqs, max_chunks, hkv, group, dim))
+        lse_pad[pair_seq, pair_chunk] = lse_pairs
+        out_pad[pair_seq, pair_chunk] = out_pairs
+        weights = torch.softmax(lse_pad, dim=1).to(work)
+        out = torch.einsum("scgh,schgd->shgd", weights.transpose(2, 3), out_pad)
+    return out.reshape(shape.num_seqs, shape.num_heads, dim).to(query.dtype)
+
+
+def _attend_tiles(
+    flash, q_all, key_cache, value_cache, rows, pair_seq, pair_valid, ids, work, out_pairs, lse_pairs
+):
+    """Attend the chunks ``rows`` (all ``ids.shape[1]`` blocks wide) a tile at a time into ``out_pairs``/``lse_pairs``."""
+    _, bs, hkv, dim = key_cache.shape
+    width = ids.shape[1]
+    tokens = width * bs
+    per_tile = max(1, BATCH_TILE_BYTES // (tokens * hkv * dim * key_cache.element_size()))
+    size = (min(per_tile, rows.numel()) * width, bs, hkv, dim)
+    k_buf, v_buf = key_cache.new_empty(size), value_cache.new_empty(size)
+    positions = torch.arange(tokens)
+    for first in range(0, rows.numel(), per_tile):
+        part = slice(first, first + per_tile)
+        tile_rows = rows[part]
+        n = tile_rows.numel()
+        flat = ids[part].reshape(-1)
+        k = torch.index_select(key_cache, 0, flat, out=k_buf[: n * width])
+        v = torch.index_select(value_cache, 0, flat, out=v_buf[: n * width])
+        k = k.view(n, tokens, hkv, dim).transpose(1, 2).to(work)
+        v = v.view(n, tokens, hkv, dim).transpose(1, 2).to(work)
+        valid = pair_valid[tile_rows]
+        mask = None
+        if int(valid.min()) < tokens:
+            hidden = positions[None, :] >= valid[:, None]
+            mask = torch.zeros((n, 1, 1, tokens), dtype=work).masked_fill_(
+                hidden.view(n, 1, 1, tokens), float("-inf")
+            )
+        out, lse = flash(q_all[pair_seq[tile_rows]], k, v, 0.0, False, attn_mask=mask, scale=1.0)
+        out_pairs[tile_rows] = out
+        lse_pairs[tile_rows] = lse
+
+
+def _torch_walk(
+    query,
+    key_cache,
+    value_cache,
+    block_tables,
+    seq_lens,
+    scale,
+    shape: PagedShape,
+    tile_tokens: int | None = None,
+):
+    """Online softmax over tiles of whole blocks, one sequence at a time (any device).
 
     For each sequence: gather one tile of its blocks into a small reused buffer
     (it stays in the CPU cache), score it for all heads with one batched matmul
@@ -387,6 +529,158 @@ def _torch_decode(
             m = m_new
         out[s] = acc / l_sum
     return out.view(shape.num_seqs, shape.num_heads, dim).to(query.dtype)
+
+
+# ---------------------------------------------------------------------------- FlexAttention
+
+
+@dataclass
+class FlexBackend:
+    """How ``impl="flex"`` runs here, kept for the process.
+
+    ``compiled_fn`` is the one cached ``torch.compile(flex_attention)``;
+    ``failures`` maps a (dtype, block size) that torch could not compile to
+    why (that kind then runs eagerly; e.g. torch 2.13's CPU template emits C++
+    that does not build for 1-token blocks).
+    """
+
+    compiled_fn: Callable[..., torch.Tensor] | None = None
+    compiled: set[tuple[torch.dtype, int]] = field(default_factory=set)
+    failures: dict[tuple[torch.dtype, int], str] = field(default_factory=dict)
+
+
+FLEX_BACKEND = FlexBackend()
+
+
+def flex_available() -> bool:
+    """Whether this torch has FlexAttention (torch >= 2.5)."""
+    try:
+        from torch.nn.attention.flex_attention import BlockMask, flex_attention  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def flex_mode(dtype: torch.dtype, block_size: int) -> str:
+    """'compiled' or 'eager': how the next ``impl="flex"`` call with this dtype and block size will run."""
+    if dtype == torch.float64 or (dtype, block_size) in FLEX_BACKEND.failures:
+        return "eager"
+    return "compiled"
+
+
+def _flex_block_mask(block_tables: torch.Tensor, seq_lens: torch.Tensor, shape: PagedShape):
+    """The paged block mask: sequence ``s`` visits exactly the physical blocks its table row names.
+
+    As in attention-gym's ``PagedAttention.convert_logical_block_mask``: whole
+    blocks are "full" kv blocks (no mask_mod call), the last, partial block is
+    a masked kv block, and the mask_mod maps a physical slot to its logical
+    position through ``physical_to_logical`` [num_seqs, num_blocks] (-1: not
+    this sequence's). The eager path ignores block sparsity and evaluates the
+    mask_mod everywhere, so the mask_mod alone is the whole truth.
+    """
+    from torch.nn.attention.flex_attention import BlockMask
+
+    device, bs = block_tables.device, shape.block_size
+    num_seqs, width = block_tables.shape
+    lens = seq_lens.to(device=device, dtype=torch.int64)
+    n_blocks = (lens + bs - 1) // bs
+    n_full = lens // bs
+    cols = torch.arange(width, device=device)
+    used = cols[None, :] < n_blocks[:, None]
+    table = torch.where(used, block_tables.to(torch.int64), 0)
+    rows = torch.arange(num_seqs, device=device)[:, None].expand(num_seqs, width)
+    owners = torch.zeros((num_seqs, shape.num_blocks), dtype=torch.int64, device=device)
+    owners.index_put_(
+        (rows[used], table[used]), torch.ones((), dtype=torch.int64, device=device), accumulate=True
+    )
+    if bool((owners > 1).any()):
+        seq = int((owners > 1).any(dim=1).nonzero()[0])
+        raise InvalidArgumentError(
+            f"impl='flex' needs each sequence's blocks to be distinct, but block_tables[{seq}] names a block "
+            "twice; use impl='torch'"
+        )
+    physical_to_logical = torch.full((num_seqs, shape.num_blocks), -1, dtype=torch.int32, device=device)
+    physical_to_logical[rows[used], table[used]] = cols[None, :].expand(num_seqs, width)[used].to(torch.int32)
+    # as many index columns as the pool has blocks: the compiled kernel needs the mask to span the KV length
+    span = max(width, shape.num_blocks)
+    full_indices = torch.zeros((num_seqs, span), dtype=torch.int32, device=device)
+    full_indices[:, :width] = torch.where(cols[None, :] < n_full[:, None], table, 0)
+    partial_indices = torch.zeros_like(full_indices)
+    partial_indices[:, 0] = table.gather(1, (n_blocks - 1).clamp(min=0)[:, None])[:, 0].to(torch.int32)
+    partial_count = (lens > n_full * bs).to(torch.int32)
+    lens32 = lens.to(torch.int32)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        logical = physical_to_logical[b, kv_idx // bs]
+        return (logical >= 0) & (logical * bs + kv_idx % bs < lens32[b])
+
+    def view(t: torch.Tensor) -> torch.Tensor:
+        return t.view(num_seqs, 1, 1, *t.shape[1:])
+
+    args = (view(partial_count), view(partial_indices), view(n_full.to(torch.int32)), view(full_indices))
+    kwargs = {
+        "BLOCK_SIZE": (FLEX_Q_BLOCK, bs),
+        "mask_mod": mask_mod,
+        "seq_lengths": (1, shape.num_blocks * bs),
+    }
+    try:  # the query-side index only serves the backward pass; skip building it where torch allows
+        return BlockMask.from_kv_blocks(*args, **kwargs, compute_q_blocks=False)
+    except TypeError:  # pragma: no cover - torch < 2.6
+        return BlockMask.from_kv_blocks(*args, **kwargs)
+
+
+def _flex_call(kind: tuple[torch.dtype, int] | None, *args, **kwargs) -> torch.Tensor:
+    """flex_attention compiled (``kind`` = (dtype, block size)) or eager (``kind`` None)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if kind is None:
+        return flex_attention(*args, **kwargs)
+    if FLEX_BACKEND.compiled_fn is None:
+        FLEX_BACKEND.compiled_fn = torch.compile(flex_attention)
+    try:
+        out = FLEX_BACKEND.compiled_fn(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - any compiler failure: say so once, then run eager
+        lines = str(exc).splitlines()
+        reason = next((line.strip() for line in lines if "error" in line.lower()), lines[0] if lines else "")
+        FLEX_BACKEND.failures[kind] = f"{type(exc).__name__}: {reason[:200]}"
+        warnings.warn(
+            f"torch.compile of flex_attention failed for {kind[0]} with {kind[1]}-token blocks "
+            f"({FLEX_BACKEND.failures[kind]}); impl='flex' runs those eagerly",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return flex_attention(*args, **kwargs)
+    FLEX_BACKEND.compiled.add(kind)
+    return out
+
+
+def flex_decode(
+    query, key_cache, value_cache, block_tables, seq_lens, scale, shape: PagedShape, *, compiled=None
+):
+    """Decode through FlexAttention over the pool viewed as [1, num_kv_heads, num_blocks * block_size, head_dim].
+
+    ``compiled`` None: compiled where it works (not for float64), else eager;
+    True/False forces one (tests use eager for many shapes, compiled for few).
+    """
+    if not flex_available():
+        raise InvalidArgumentError("impl='flex' needs torch >= 2.5 (FlexAttention); use impl='torch'")
+    mask = _flex_block_mask(block_tables, seq_lens, shape)
+    if compiled is None:
+        compiled = flex_mode(query.dtype, shape.block_size) == "compiled"
+    tokens = shape.num_blocks * shape.block_size
+    k = key_cache.view(1, tokens, shape.num_kv_heads, shape.head_dim).transpose(1, 2)
+    v = value_cache.view(1, tokens, shape.num_kv_heads, shape.head_dim).transpose(1, 2)
+    q = query.view(shape.num_seqs, shape.num_heads, 1, shape.head_dim)
+    out = _flex_call(
+        (query.dtype, shape.block_size) if compiled else None,
+        q,
+        k,
+        v,
+        block_mask=mask,
+        scale=scale,
+        enable_gqa=shape.num_heads != shape.num_kv_heads,
+    )
+    return out.view(query.shape)
 
 
 # ---------------------------------------------------------------------------- prefill

@@ -6,7 +6,9 @@ vLLM names (``vllm/v1/core/kv_cache_utils.py``): ``Block`` is ``KVCacheBlock``
 ``FreeBlockQueue`` is ``FreeKVCacheBlockQueue`` (same method names:
 ``popleft_n``, ``remove``, ``append_n``, ``prepend_n``; vLLM's
 ``get_all_free_blocks`` is iterating the queue). ``tokens`` and ``ever_used``
-are kvlab's own, kept for the pictures.
+are kvlab's own, kept for the pictures: a block reads its tokens from the token
+list of the request that wrote it (``source[start:stop]``, the list only ever
+grows), so filling a block copies nothing.
 
 The invariant: a block is in the queue exactly when its ``prev_free`` is set,
 and the queue's order is the order blocks are handed out (front first), which
@@ -28,7 +30,9 @@ class Block:
         "block_id",
         "ref_count",
         "block_hash",
-        "tokens",
+        "source",
+        "start",
+        "stop",
         "ever_used",
         "is_null",
         "prev_free",
@@ -39,11 +43,18 @@ class Block:
         self.block_id = check_int("block_id", block_id, minimum=-1)  # -1: the queue's sentinels
         self.ref_count = 0
         self.block_hash: bytes | None = None
-        self.tokens: list[int] = []
+        self.source: Sequence[int] = ()  # the writing request's tokens; the block holds source[start:stop]
+        self.start = 0
+        self.stop = 0
         self.ever_used = False
         self.is_null = False
         self.prev_free: Block | None = None
         self.next_free: Block | None = None
+
+    @property
+    def tokens(self) -> list[int]:
+        """The token ids written into this block so far (a copy)."""
+        return list(self.source[self.start : self.stop])
 
     def __repr__(self) -> str:
         return f"Block({self.block_id}, ref_count={self.ref_count}, hashed={self.block_hash is not None})"
@@ -88,20 +99,7 @@ class FreeBlockQueue:
 
     def popleft_n(self, n: int) -> list[Block]:
         """Take ``n`` blocks from the front; more than the queue holds is refused, taking none."""
-        n = check_int("n", n, minimum=0, maximum=self._len)
-        out: list[Block] = []
-        node = self._head.next_free
-        for _ in range(n):
-            assert node is not None and node is not self._tail, "free queue underflow"
-            out.append(node)
-            nxt = node.next_free
-            node.prev_free = node.next_free = None
-            node = nxt
-        assert node is not None
-        self._head.next_free = node
-        node.prev_free = self._head
-        self._len -= n
-        return out
+        return self._popleft_n(check_int("n", n, minimum=0, maximum=self._len))
 
     def remove(self, block: Block) -> None:
         """Unlink ``block`` from wherever it is in the queue; a block not in the queue is refused."""
@@ -115,17 +113,46 @@ class FreeBlockQueue:
 
     def append_n(self, blocks: Sequence[Block]) -> None:
         """Put ``blocks`` at the back, in the given order."""
-        self._link_after(self._tail.prev_free, blocks)
+        self._link_after(self._tail.prev_free, self._checked(blocks))
 
     def prepend_n(self, blocks: Sequence[Block]) -> None:
         """Put ``blocks`` at the front, in the given order (``blocks[0]`` becomes the front)."""
+        self._link_after(self._head, self._checked(blocks))
+
+    # The cache's own calls, on blocks it knows are outside the queue (``PrefixCache`` checks its
+    # arguments once, at its public methods); a subclass that keeps the queue otherwise overrides these.
+
+    def _popleft_n(self, n: int) -> list[Block]:
+        """``popleft_n`` of an ``n`` known to be 0..len(self)."""
+        out: list[Block] = []
+        add = out.append
+        node = self._head.next_free
+        for _ in range(n):
+            assert node is not None and node is not self._tail, "free queue underflow"
+            add(node)
+            nxt = node.next_free
+            node.prev_free = node.next_free = None
+            node = nxt
+        assert node is not None
+        self._head.next_free = node
+        node.prev_free = self._head
+        self._len -= n
+        return out
+
+    def _append_n(self, blocks: list[Block]) -> None:
+        """``append_n`` of blocks known to be outside the queue, each once."""
+        self._link_after(self._tail.prev_free, blocks)
+
+    def _prepend_n(self, blocks: list[Block]) -> None:
+        """``prepend_n`` of blocks known to be outside the queue, each once."""
         self._link_after(self._head, blocks)
 
-    def _link_after(self, anchor: Block | None, blocks: Sequence[Block]) -> None:
-        """Link ``blocks`` after ``anchor``; blocks that are not ``Block``s, or are queued already, are refused."""
+    @staticmethod
+    def _checked(blocks: object) -> list[Block]:
+        """``blocks`` as a list, if every one is a real ``Block`` outside the queue, each once; else refused."""
         if isinstance(blocks, (str, bytes)) or not hasattr(blocks, "__iter__"):
             raise InvalidArgumentError(f"blocks must be a list of Block, got {type(blocks).__name__}")
-        blocks = list(blocks)
+        blocks = list(blocks)  # type: ignore[call-overload]
         ids = set()
         for b in blocks:
             if not isinstance(b, Block) or b.prev_free is not None or b.block_id < 0 or id(b) in ids:
@@ -133,6 +160,12 @@ class FreeBlockQueue:
                     f"{brief(b)} is not a block outside the free queue; nothing was linked"
                 )
             ids.add(id(b))
+        return blocks
+
+    def _link_after(self, anchor: Block | None, blocks: list[Block]) -> None:
+        """Link ``blocks`` after ``anchor``, in order."""
+        if not blocks:
+            return
         assert anchor is not None
         after = anchor.next_free
         assert after is not None

@@ -40,16 +40,18 @@ Token ids are kept in the blocks so views can show them. ``allocate`` and
 ``append`` accept either token ids or a bare count; a count writes
 ``UNKNOWN_TOKEN`` placeholders, which are never hashed or shared.
 
-Kept as one module (just over 500 lines): block tables, reference counts, fork and
-copy-on-write are one mechanism, and each rule reads the others' state.
+Kept as one module (under 600 lines, with ``BlockTableView``, the table both pools' results
+carry): block tables, reference counts, fork and copy-on-write are one mechanism, and each rule
+reads the others' state.
 """
 
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
+from typing import Any
 
 from kvlab.core.hashing import SCHEMES, _hash_block, none_hash, short
 from kvlab.core.snapshots import BlockPoolState, BlockState, Event, History
@@ -93,7 +95,54 @@ class Copy:
     num_tokens: int
 
 
-@dataclass(frozen=True)
+class BlockTableView(Sequence[int]):
+    """The first ``length`` ids of an append-only block table, read when asked for: a tuple in all but cost.
+
+    ``PrefixCache`` results carry one instead of a copy of the table, so an
+    append costs what it adds, not the length of the whole table (vLLM keeps a
+    request's block table append-only for the same reason). It compares equal
+    to the tuple of the same ids, hashes and prints as that tuple, and stays the
+    table as it was at the call: later appends go past ``length``, and nothing
+    writes below it.
+    """
+
+    __slots__ = ("_ids", "_length")
+
+    def __init__(self, ids: list[int], length: int) -> None:
+        self._ids = ids
+        self._length = length
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._tuple()[index]
+
+    def __iter__(self) -> Iterator[int]:
+        return islice(self._ids, self._length)
+
+    def _tuple(self) -> tuple[int, ...]:
+        ids = self._ids
+        return tuple(ids) if len(ids) == self._length else tuple(ids[: self._length])
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, BlockTableView):
+            return self._tuple() == other._tuple()
+        if isinstance(other, tuple):
+            return self._tuple() == other
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._tuple())
+
+    def __repr__(self) -> str:
+        return repr(self._tuple())
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (tuple, (self._tuple(),))
+
+
+@dataclass(frozen=True, slots=True)
 class AllocationResult:
     """What an allocation did to request ``request_id``; both block pools return it.
 
@@ -117,7 +166,7 @@ class AllocationResult:
     new_block_ids: tuple[int, ...]
     evicted: tuple[int, ...]
     evicted_hashes: tuple[bytes, ...]
-    block_table: tuple[int, ...]
+    block_table: tuple[int, ...] | BlockTableView  # the table after the call
 
     @property
     def num_computed_tokens(self) -> int:

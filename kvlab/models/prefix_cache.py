@@ -63,6 +63,12 @@ prompt; ``free`` is ``KVCacheManager.free``. The vocabulary (``block_table``,
 Hash names such as the lesson's "a1" are a display matter
 (``kvlab.lessons.ex07.HashLabels``); snapshots and events show short hex.
 
+Cost: each call costs what it brings or changes (its tokens' blocks and hashes), never
+the length of a request's table (results carry a ``BlockTableView`` of the append-only
+table) nor anything for the history unless recording. A prompt block already cached is
+hashed by one dictionary lookup of its key (parent hash, tokens, extra keys), with the
+digest vLLM's chain would compute; the digests are the same either way.
+
 Kept as one module (over 500 lines with its docstring): the cache's rules
 (lookup, touch, take-and-evict, cache, free) share one state and only make
 sense together.
@@ -74,10 +80,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvlab.core import hashing
+from kvlab.core.hashing import check_token_ids
 from kvlab.core.snapshots import BlockPoolState, BlockState, Event, History
 from kvlab.errors import (
-    LIMITS,
-    MAX_TOKEN_ID,
     DuplicateRequestError,
     InvalidArgumentError,
     OutOfBlocksError,
@@ -90,15 +95,14 @@ from kvlab.errors import (
     check_int,
     check_optional_str,
     check_size,
-    check_tokens,
 )
 from kvlab.models.free_queue import Block, FreeBlockQueue
-from kvlab.models.paged import AllocationResult
+from kvlab.models.paged import AllocationResult, BlockTableView
 
 __all__ = ["AllocationResult", "FreeResult", "PrefixCache", "ProbeResult"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ProbeResult:
     """What a lookup found: ``num_cached_tokens`` tokens in ``hit_block_ids``; nothing was allocated."""
 
@@ -107,7 +111,7 @@ class ProbeResult:
     hit_block_ids: tuple[int, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class FreeResult:
     """``block_table`` is the table the request had; ``released`` the blocks that became free, in queue order."""
 
@@ -117,12 +121,15 @@ class FreeResult:
 
 
 class _Request:
-    __slots__ = ("tokens", "table", "hashes", "salt")
+    __slots__ = ("tokens", "ids", "num_hashed", "last_hash", "salt")
 
-    def __init__(self, tokens: list[int], table: list[Block], hashes: list[bytes], salt: str | None) -> None:
-        self.tokens = tokens
-        self.table = table
-        self.hashes = hashes  # chained hash of every full block, in table order; all of them are cached
+    def __init__(
+        self, tokens: list[int], ids: list[int], num_hashed: int, last_hash: bytes | None, salt: str | None
+    ) -> None:
+        self.tokens = tokens  # only grows: its blocks read their tokens from it
+        self.ids = ids  # the block table; append-only, as in vLLM, so results hold views of it
+        self.num_hashed = num_hashed  # every full block is hashed and cached; the chain goes on from
+        self.last_hash = last_hash  # the last one's hash
         self.salt = salt
 
 
@@ -163,6 +170,10 @@ class PrefixCache:
         self._blocks = [Block(i) for i in range(num_blocks)]
         self._queue = self.free_queue_class(self._blocks)
         self._cached: dict[bytes, dict[int, Block]] = {}
+        # the key (parent, tokens, extra) of every hash in the map, both ways: a prompt's block that is
+        # cached already is hashed by one lookup (hashing._chain_known), with the same digest
+        self._known: dict[tuple, bytes] = {}
+        self._key_of: dict[bytes, tuple] = {}
         self._requests: dict[str, _Request] = {}
         self.null_block: int | None = None
         if null_block:
@@ -196,7 +207,7 @@ class PrefixCache:
         return [b.block_id for b in self._queue]
 
     def block_table(self, request_id: str) -> tuple[int, ...]:
-        return tuple(b.block_id for b in self._request(request_id).table)
+        return tuple(self._request(request_id).ids)
 
     def num_tokens(self, request_id: str) -> int:
         return len(self._request(request_id).tokens)
@@ -230,10 +241,11 @@ class PrefixCache:
         return result
 
     def _probe(self, tokens: Sequence[int], cache_salt: str | None) -> tuple[ProbeResult, list[Block]]:
-        toks = _check_token_ids("tokens", tokens)
+        toks = check_token_ids("tokens", tokens)
         salt = _check_salt(cache_salt)
-        hits = self._lookup(self._hash_prompt(toks, salt), len(toks))
-        return ProbeResult(len(toks), len(hits) * self.block_size, tuple(b.block_id for b in hits)), hits
+        hashes, _ = self._hash(self._none_hash, toks, salt, True)
+        hits = self._lookup(hashes, len(toks))
+        return ProbeResult(len(toks), len(hits) * self.block_size, tuple([b.block_id for b in hits])), hits
 
     # ------------------------------------------------------------------ operations
 
@@ -246,12 +258,17 @@ class PrefixCache:
         cannot supply the new blocks plus the free blocks the hit takes out of it.
         """
         request_id = self._check_new_id(request_id)
-        toks = _check_token_ids("tokens", tokens)
+        toks = check_token_ids("tokens", tokens)
         salt = _check_salt(cache_salt)
-        hashes = self._hash_prompt(toks, salt)
+        bs = self.block_size
+        hashes, keys = self._hash(self._none_hash, toks, salt, True)
         hits = self._lookup(hashes, len(toks))
-        num_new = cdiv(len(toks), self.block_size) - len(hits)
-        num_free_hits = sum(1 for b in hits if b.ref_count == 0)
+        num_hits = len(hits)
+        num_new = cdiv(len(toks), bs) - num_hits
+        num_free_hits = 0
+        for block in hits:
+            if block.ref_count == 0:
+                num_free_hits += 1
         if num_new + num_free_hits > len(self._queue):
             held = f" plus the {num_free_hits} free cached blocks it hits" if num_free_hits else ""
             raise OutOfBlocksError(
@@ -259,53 +276,72 @@ class PrefixCache:
                 f"but only {len(self._queue)} blocks are free; free a request or use a larger pool"
             )
         self._touch(hits)
-        new, evicted = self._take(num_new)
-        req = _Request(list(toks), hits + new, hashes, salt)
-        self._requests[request_id] = req
-        bs = self.block_size
-        for i in range(len(hits), len(req.table)):
-            req.table[i].tokens = toks[i * bs : (i + 1) * bs]
-        self._cache_blocks(req, len(hits))
-        result = self._result(request_id, req, hits, new, evicted, len(toks), num_cached=len(hits) * bs)
+        new, evicted, evicted_hashes = self._take(num_new)
+        at = num_hits * bs
+        for block in new:
+            block.source = toks
+            block.start = at
+            at += bs
+            block.stop = at
+        hit_ids = [b.block_id for b in hits]
+        new_ids = [b.block_id for b in new]
+        ids = hit_ids + new_ids
+        self._cache_blocks(new, hashes, keys, num_hits)
+        last = hashes[-1] if hashes else None
+        self._requests[request_id] = _Request(toks, ids, len(hashes), last, salt)
+        result = AllocationResult(
+            request_id, len(toks), len(toks), num_hits * bs, tuple(hit_ids), tuple(new_ids), tuple(evicted),
+            tuple(evicted_hashes), BlockTableView(ids, len(ids)),
+        )  # fmt: skip
         if self.history is not None:
-            self._record(self._event("allocate", result), hits=hits, new=new, evicted=[b for b, _ in evicted])
+            self._record(self._event("allocate", result), hits=hits, new=new, evicted=self._by_id(evicted))
         return result
 
     def append(self, request_id: str, tokens: Sequence[int]) -> AllocationResult:
         """Append decoded ``tokens`` to a running request; blocks that become full are cached at once.
 
+        Costs what the tokens add (their blocks and hashes), not the length of the request.
         Raises OutOfBlocksError, having changed nothing, when the pool cannot
         supply the blocks the new tokens need.
         """
         req = self._request(request_id)
         request_id = str.__str__(request_id)
-        toks = _check_token_ids("tokens", tokens)
+        toks = check_token_ids("tokens", tokens)
         bs = self.block_size
-        total = len(req.tokens) + len(toks)
-        num_new = cdiv(total, bs) - len(req.table)
+        start = len(req.tokens)
+        total = start + len(toks)
+        num_new = cdiv(total, bs) - len(req.ids)
         if num_new > len(self._queue):
             raise OutOfBlocksError(
                 f"cannot append {len(toks)} tokens to request {request_id!r}: they need {num_new} new blocks, "
                 f"but only {len(self._queue)} are free; free a request or use a larger pool"
             )
-        new, evicted = self._take(num_new)
-        start = len(req.tokens)
-        req.tokens.extend(toks)
-        req.table.extend(new)
-        for i in range(start // bs, len(req.table)):
-            block = req.table[i]
-            lo = max(start, i * bs)
-            block.tokens.extend(req.tokens[lo : (i + 1) * bs])
-        parent = req.hashes[-1] if req.hashes else self._none_hash
-        for i in range(len(req.hashes), total // bs):
-            parent = hashing._hash_block(
-                parent, req.tokens[i * bs : (i + 1) * bs], req.salt, i == 0, self.hash_scheme
-            )
-            req.hashes.append(parent)
-        self._cache_blocks(req, start // bs)
-        result = self._result(request_id, req, [], new, evicted, len(toks), num_cached=0)
+        new, evicted, evicted_hashes = self._take(num_new)
+        req_tokens = req.tokens
+        req_tokens.extend(toks)  # the last block, if partial, reads its new tokens from here
+        ids = req.ids
+        at = len(ids) * bs
+        for block in new:
+            block.source = req_tokens
+            block.start = at
+            at += bs
+            block.stop = at
+        new_ids = [b.block_id for b in new]
+        ids.extend(new_ids)
+        done, full = req.num_hashed, total // bs
+        if full > done:
+            parent = self._none_hash if req.last_hash is None else req.last_hash
+            hashes, keys = self._hash(parent, req_tokens[done * bs : full * bs], req.salt, done == 0)
+            self._cache_blocks([self._blocks[i] for i in ids[done:full]], hashes, keys, 0)
+            req.num_hashed = full
+            req.last_hash = hashes[-1]
+        ids = req.ids
+        result = AllocationResult(
+            request_id, total, len(toks), 0, (), tuple(new_ids), tuple(evicted), tuple(evicted_hashes),
+            BlockTableView(ids, len(ids)),
+        )  # fmt: skip
         if self.history is not None:
-            self._record(self._event("append", result), new=new, evicted=[b for b, _ in evicted])
+            self._record(self._event("append", result), new=new, evicted=self._by_id(evicted))
         return result
 
     def free(self, request_id: str) -> FreeResult:
@@ -313,21 +349,22 @@ class PrefixCache:
         req = self._request(request_id)
         request_id = str.__str__(request_id)
         del self._requests[request_id]
-        ordered = req.table[::-1]
-        for block in ordered:
+        unhashed: list[Block] = []
+        hashed: list[Block] = []
+        blocks = self._blocks
+        for block_id in reversed(req.ids):  # a table never holds one block twice
+            block = blocks[block_id]
             block.ref_count -= 1
-        released = [b for b in ordered if b.ref_count == 0]
-        unhashed = [b for b in released if b.block_hash is None]
-        hashed = [b for b in released if b.block_hash is not None]
-        self._queue.prepend_n(unhashed)
-        self._queue.append_n(hashed)
-        result = FreeResult(
-            request_id, tuple(b.block_id for b in req.table), tuple(b.block_id for b in unhashed + hashed)
-        )
+            if block.ref_count == 0:
+                (unhashed if block.block_hash is None else hashed).append(block)
+        self._queue._prepend_n(unhashed)
+        self._queue._append_n(hashed)
+        to_front = [b.block_id for b in unhashed]
+        to_back = [b.block_id for b in hashed]
+        result = FreeResult(request_id, tuple(req.ids), tuple(to_front + to_back))
         if self.history is not None:
             event = Event.of("prefix_cache.free", request_id=request_id, block_table=result.block_table,
-                             to_front=tuple(b.block_id for b in unhashed),
-                             to_back=tuple(b.block_id for b in hashed))  # fmt: skip
+                             to_front=tuple(to_front), to_back=tuple(to_back))  # fmt: skip
             self._record(event)
         return result
 
@@ -355,7 +392,7 @@ class PrefixCache:
         return BlockPoolState(
             block_size=self.block_size,
             blocks=blocks,
-            tables=tuple((rid, tuple(b.block_id for b in r.table)) for rid, r in self._requests.items()),
+            tables=tuple((rid, tuple(r.ids)) for rid, r in self._requests.items()),
             token_counts=tuple((rid, len(r.tokens)) for rid, r in self._requests.items()),
             free_queue=tuple(self.free_queue()),
             null_block=self.null_block,
@@ -366,23 +403,18 @@ class PrefixCache:
 
     # ------------------------------------------------------------------ internals
 
-    def _hash_prompt(self, toks: list[int], salt: str | None) -> list[bytes]:
-        out: list[bytes] = []
-        parent = self._none_hash
-        bs = self.block_size
-        for i in range(len(toks) // bs):
-            parent = hashing._hash_block(parent, toks[i * bs : (i + 1) * bs], salt, i == 0, self.hash_scheme)
-            out.append(parent)
-        return out
-
     def _lookup(self, hashes: list[bytes], num_tokens: int) -> list[Block]:
         """The longest run of cached blocks from the start, capped so the last prompt token is computed."""
         hits: list[Block] = []
-        for h in hashes[: (num_tokens - 1) // self.block_size]:
-            holders = self._cached.get(h)
-            if not holders:
+        add = hits.append
+        cached = self._cached
+        for i in range(min(len(hashes), (num_tokens - 1) // self.block_size)):
+            holders = cached.get(hashes[i])
+            if holders is None:  # a hash whose last block was evicted leaves the map
                 break
-            hits.append(next(iter(holders.values())))  # the oldest block cached under h
+            for block in holders.values():  # the oldest block cached under the hash
+                add(block)
+                break
         return hits
 
     def _touch(self, hits: list[Block]) -> None:
@@ -391,58 +423,55 @@ class PrefixCache:
                 self._queue.remove(block)
             block.ref_count += 1
 
-    def _take(self, n: int) -> tuple[list[Block], list[tuple[Block, bytes]]]:
-        """Pop ``n`` blocks from the front; evict the cached content of those that had a hash."""
-        new = self._queue.popleft_n(n)
-        evicted: list[tuple[Block, bytes]] = []
+    def _take(self, n: int) -> tuple[list[Block], list[int], list[bytes]]:
+        """Pop ``n`` blocks from the front; evict the cached content of those that had a hash.
+
+        Returns the blocks, then the ids and hashes of the evicted ones, in the order they were taken.
+        """
+        new = self._queue._popleft_n(n)
+        evicted: list[int] = []
+        evicted_hashes: list[bytes] = []
+        cached = self._cached
         for block in new:
             h = block.block_hash
             if h is not None:
-                holders = self._cached[h]
+                holders = cached[h]
                 del holders[block.block_id]
                 if not holders:
-                    del self._cached[h]
+                    del cached[h]
+                    del self._known[self._key_of.pop(h)]
                 block.block_hash = None
-                evicted.append((block, h))
+                evicted.append(block.block_id)
+                evicted_hashes.append(h)
             block.ref_count = 1
             block.ever_used = True
-            block.tokens = []
-        return new, evicted
+        return new, evicted, evicted_hashes
 
-    def _cache_blocks(self, req: _Request, start: int) -> None:
-        """Cache the request's full blocks from index ``start`` (earlier ones are cached already)."""
-        for i in range(start, len(req.hashes)):
-            block = req.table[i]
-            h = req.hashes[i]
+    def _hash(
+        self, parent: bytes, tokens: list[int], salt: str | None, first: bool
+    ) -> tuple[list[bytes], list[tuple]]:
+        """The chained hashes of ``tokens``' full blocks (and their keys), reusing those of cached blocks."""
+        return hashing._chain_known(
+            parent, tokens, self.block_size, salt, self.hash_scheme, first, self._known
+        )
+
+    def _cache_blocks(self, blocks: list[Block], hashes: list[bytes], keys: list[tuple], start: int) -> None:
+        """Cache full blocks: ``blocks[i - start]`` under ``hashes[i]`` (key ``keys[i]``) for every ``i`` from ``start``."""
+        cached = self._cached
+        for i in range(start, len(hashes)):
+            block = blocks[i - start]
+            h = hashes[i]
             block.block_hash = h
-            holders = self._cached.get(h)
+            holders = cached.get(h)
             if holders is None:
-                self._cached[h] = {block.block_id: block}
+                cached[h] = {block.block_id: block}
+                self._known[keys[i]] = h
+                self._key_of[h] = keys[i]
             else:
                 holders[block.block_id] = block  # no de-duplication, as in vLLM
 
-    def _result(
-        self,
-        request_id: str,
-        req: _Request,
-        hits: list[Block],
-        new: list[Block],
-        evicted: list[tuple[Block, bytes]],
-        num_new_tokens: int,
-        *,
-        num_cached: int,
-    ) -> AllocationResult:
-        return AllocationResult(
-            request_id=request_id,
-            num_tokens=len(req.tokens),
-            num_new_tokens=num_new_tokens,
-            num_cached_tokens=num_cached,
-            hit_block_ids=tuple(b.block_id for b in hits),
-            new_block_ids=tuple(b.block_id for b in new),
-            evicted=tuple(b.block_id for b, _ in evicted),
-            evicted_hashes=tuple(h for _, h in evicted),
-            block_table=tuple(b.block_id for b in req.table),
-        )
+    def _by_id(self, block_ids: list[int]) -> list[Block]:
+        return [self._blocks[i] for i in block_ids]
 
     @staticmethod
     def _event(op: str, result: AllocationResult) -> Event:
@@ -507,19 +536,7 @@ class PrefixCache:
 
 def _check_salt(salt: object) -> str | None:
     # vLLM's API rejects an empty cache_salt, and treats a missing one as no salt.
+    if salt is None:
+        return None
     salt = check_optional_str("cache_salt", salt, allow_empty=False)
     return None if salt is None else hashing.check_salt(salt)
-
-
-def _check_token_ids(name: str, tokens: object) -> list[int]:
-    if (
-        type(tokens) in (list, tuple)
-        and 0 < len(tokens) <= LIMITS.tokens  # type: ignore[arg-type]
-        and set(map(type, tokens)) == {int}  # type: ignore[call-overload]
-    ):
-        toks = list(tokens)  # type: ignore[call-overload]  # the common case, checked at C speed
-        if min(toks) < 0 or max(toks) > MAX_TOKEN_ID:
-            i, t = next((i, t) for i, t in enumerate(toks) if not 0 <= t <= MAX_TOKEN_ID)
-            raise InvalidArgumentError(f"{name}[{i}] = {brief(t)} is not a token id: use 0..{MAX_TOKEN_ID}")
-        return toks
-    return check_tokens(name, tokens)  # numpy ints, the limits, or a precise error

@@ -80,15 +80,14 @@ from collections.abc import Container, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain
 
+from kvlab.core.hashing import check_token_ids
 from kvlab.core.snapshots import Event, History, RadixNodeState, RadixState
 from kvlab.errors import (
     LIMITS,
-    MAX_TOKEN_ID,
     InvalidArgumentError,
     brief,
     check_bool,
     check_size,
-    check_tokens,
 )
 
 __all__ = [
@@ -264,6 +263,7 @@ class RadixTree:
         self._matched_node: int | None = None
         self._split_nodes: list[int] = []
         self._evicted_runs: list[tuple[int, ...]] = []
+        self._evicted_nodes: list[RadixNode] = []
         self.root = self._new_node((), (), None, None)
         self.root.lock_ref = 1
         self.history: History[RadixState] | None = History() if record else None
@@ -422,6 +422,7 @@ class RadixTree:
             freed += len(leaf.value)
             self._delete_leaf(leaf)
             self._evicted_runs.append(leaf.key)
+            self._evicted_nodes.append(leaf)
             parent = leaf.parent
             if parent is not None and not parent.children:
                 if parent.lock_ref == 0:
@@ -435,6 +436,17 @@ class RadixTree:
         if self.history is not None:
             self._record(Event.of("radix.evict", num_tokens=num_tokens, freed=freed, evicted=tuple(runs)))
         return runs
+
+    @property
+    def evicted_nodes(self) -> tuple[RadixNode, ...]:
+        """The nodes the last operation removed, in the order they went (empty unless it was an evict).
+
+        ``evict`` returns their runs; these are the node objects themselves (no longer
+        ``alive``, their ``node_id`` and ``parent`` kept), so a caller that mirrors the
+        tree (the replay's ``--changes`` records) learns which nodes went in O(1) each,
+        where matching runs against the leaves could cost the number of leaves sharing a run.
+        """
+        return tuple(self._evicted_nodes)
 
     def nodes(self) -> Iterator[RadixNode]:
         """Every node, root first, depth first, children in stored order."""
@@ -459,16 +471,7 @@ class RadixTree:
     # ------------------------------------------------------------------ validation
 
     def _check_key(self, tokens: object, extra_key: object) -> tuple[int, ...]:
-        if (
-            type(tokens) in (list, tuple)
-            and 0 < len(tokens) <= LIMITS.tokens  # type: ignore[arg-type]
-            and set(map(type, tokens)) == {int}  # type: ignore[call-overload]
-            and min(tokens) >= 0  # type: ignore[call-overload]
-            and max(tokens) <= MAX_TOKEN_ID  # type: ignore[call-overload]
-        ):
-            tokens = list(tokens)  # type: ignore[call-overload]  # the fast path: plain ints in range only
-        else:
-            tokens = check_tokens("tokens", tokens, in_range=True)  # says what is wrong
+        tokens = check_token_ids("tokens", tokens)  # plain ints in range at C speed; else says what is wrong
         if extra_key is not None and type(extra_key) is not str:
             raise InvalidArgumentError(
                 "extra_key must be a string (a namespace such as a LoRA id or salt) or None, "
@@ -640,6 +643,7 @@ class RadixTree:
         self._matched_node = None
         self._split_nodes = []
         self._evicted_runs = []
+        self._evicted_nodes = []
 
     def _record(self, event: Event) -> None:
         """Add a step (the caller checked that the tree records, so nothing is built otherwise)."""

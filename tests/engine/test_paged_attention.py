@@ -6,7 +6,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from kvlab.engine import paged_attention, paged_prefill, slot_mapping, write_kv_cache  # noqa: E402
-from kvlab.engine.attention import _torch_decode, check_decode_args  # noqa: E402
+from kvlab.engine.attention import _batched_decode, _torch_walk, check_decode_args  # noqa: E402
 from kvlab.errors import InvalidArgumentError  # noqa: E402
 
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}
@@ -105,16 +105,44 @@ def test_shared_blocks_and_an_int64_table():
     tile_tokens=st.sampled_from([None, 1, 16, 40]),
     seed=st.integers(0, 2**16),
 )
-def test_torch_walk_equals_the_reference_on_random_shapes(lens, block_size, group, tile_tokens, seed):
-    """Any tile size (several tiles per sequence, a padded last tile) gives the reference's answer."""
+def test_torch_decode_equals_the_reference_on_random_shapes(lens, block_size, group, tile_tokens, seed):
+    """Any chunk size (several chunks per sequence, padded last chunks) gives the reference's answer,
+    in the batched CPU path and in the per-sequence walk that other devices use."""
     q, kc, vc, bt, sl, _, _ = make_case(lens, block_size, 2, group, head_dim=16, seed=seed)
     shape, scale = check_decode_args(q, kc, vc, bt, sl, None)
+    expected = paged_attention(q, kc, vc, bt, sl, impl="reference")
+    for decode in (_batched_decode, _torch_walk):
+        out = decode(q, kc, vc, bt, sl, scale, shape, tile_tokens=tile_tokens)
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=0)
+
+
+def test_many_sequences_of_mixed_lengths_in_one_call():
+    """A serving step: 40 sequences, lengths 1..1500, several tiles, chunks and padded widths."""
+    lens = [1 + (37 * i * i) % 1500 for i in range(40)]
+    q, kc, vc, bt, sl, keys, values = make_case(lens, 16, 2, 4, head_dim=16, seed=11)
+    expected = dense_f64(q, keys, values)
+    shape, scale = check_decode_args(q, kc, vc, bt, sl, None)
     torch.testing.assert_close(
-        _torch_decode(q, kc, vc, bt, sl, scale, shape, tile_tokens=tile_tokens),
-        paged_attention(q, kc, vc, bt, sl, impl="reference"),
-        atol=1e-5,
-        rtol=0,
+        _batched_decode(q, kc, vc, bt, sl, scale, shape).double(), expected, atol=1e-5, rtol=0
     )
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            out = paged_attention(q, kc, vc, bt, sl, impl="torch")
+            torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=0)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_batched_tiles_in_other_dtypes(dtype):
+    atol = {torch.float16: 1e-3, torch.bfloat16: 1e-2, torch.float64: 1e-12}[dtype]
+    q, kc, vc, bt, sl, keys, values = make_case([3, 40, 700], 16, 2, 4, dtype=dtype)
+    shape, scale = check_decode_args(q, kc, vc, bt, sl, None)
+    out = _batched_decode(q, kc, vc, bt, sl, scale, shape, tile_tokens=256)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.double(), dense_f64(q, keys, values), atol=atol, rtol=0)
 
 
 def test_no_sequences_gives_an_empty_result():
@@ -247,8 +275,8 @@ def test_bad_impl_and_scale():
     q, kc, vc, bt, sl = good_case()
     with pytest.raises(InvalidArgumentError, match="unknown impl"):
         paged_attention(q, kc, vc, bt, sl, impl="cuda")
-    with pytest.raises(InvalidArgumentError, match="not implemented"):
-        paged_attention(q, kc, vc, bt, sl, impl="flex")
+    with pytest.raises(InvalidArgumentError, match="decode only"):
+        paged_prefill(q, q[:, :2], q[:, :2], kc, vc, bt, sl, torch.tensor([5, 20]), impl="flex")
     for scale in (0, -1.0, float("nan"), "0.1", True):
         with pytest.raises(InvalidArgumentError, match="scale"):
             paged_attention(q, kc, vc, bt, sl, scale=scale)

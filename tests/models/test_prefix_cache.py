@@ -515,3 +515,26 @@ PrefixCacheMachine.TestCase.settings = settings(
     max_examples=50, stateful_step_count=50, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 test_prefix_cache_invariants = PrefixCacheMachine.TestCase
+
+
+def test_a_result_keeps_the_table_it_had_while_the_request_grows():
+    cache = PrefixCache(16, 4)
+    first = cache.allocate("A", [1, 2, 3, 4, 5])
+    grown = cache.append("A", [6, 7, 8, 9])
+    assert first.block_table == (0, 1) and grown.block_table == (0, 1, 2)
+    assert (hash(first.block_table), repr(first.block_table)) == (hash((0, 1)), "(0, 1)")
+    assert list(first.block_table) == [0, 1] and first.block_table[-1] == 1
+    assert cache.free("A").block_table == (0, 1, 2) and first.block_table == (0, 1)
+
+
+@pytest.mark.parametrize("scheme", ["lesson", "vllm"])
+def test_blocks_hashed_again_from_the_cache_keep_the_digests_of_the_chain(scheme):
+    cache = PrefixCache(32, 4, hash_scheme=scheme)
+    prompt = [7, 1, 7, 1, 7, 1, 7, 1, 3, 3, 3, 3, 5]
+    cache.allocate("A", prompt, cache_salt="t1")
+    cache.free("A")
+    again = cache.allocate("B", prompt + [9, 9, 9, 9], cache_salt="t1")  # its first blocks hit the cache
+    cache.append("B", [2, 2, 2])
+    digests = [cache.block_hash(b) for b in cache.block_table("B")]
+    assert again.hit_block_ids == (0, 1, 2)
+    assert digests == block_hashes(prompt + [9, 9, 9, 9, 2, 2, 2], 4, salt="t1", scheme=scheme)

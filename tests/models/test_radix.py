@@ -825,3 +825,15 @@ def test_sizes_are_bounded_by_the_limits(refuses):
         assert tree.insert([6, 6]) == 0
     with raised_limits(total_tokens=1 << 40):
         assert tree.evict((1 << 27) + 1) and tree.total_tokens == tree.protected_size
+
+
+def test_evicted_nodes_are_the_removed_nodes_in_the_order_of_their_runs():
+    tree = RadixTree()
+    for first in range(3):
+        tree.insert([first])
+        tree.insert([first, 5])  # three leaves with the same run (5,)
+    runs = tree.evict(4)
+    gone = tree.evicted_nodes
+    assert [n.key for n in gone] == runs and all(not n.alive for n in gone)
+    tree.match([1])
+    assert tree.evicted_nodes == ()

@@ -1,0 +1,177 @@
+"""kvlab.core.timing: the statistics of a Timing, the order of calls, and refusals of hostile input.
+
+Nothing here asserts how long anything takes: the functions timed count their calls, and the
+statistics are checked on samples given by hand.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hostile import hostile_values, kvlab_or_ok
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvlab.core.timing import MAX_REPEATS, Timing, measure, measure_once, measure_side_by_side
+from kvlab.errors import InvalidArgumentError
+
+FAST = settings(max_examples=40, deadline=None)
+
+
+def timing(*wall: float) -> Timing:
+    return Timing(tuple(wall), tuple(w / 2 for w in wall))
+
+
+def test_quartiles_median_and_iqr_of_known_samples():
+    t = timing(1, 2, 3, 4, 5)
+    assert (t.q1_ms, t.median_ms, t.q3_ms, t.iqr_ms) == (2, 3, 4, 2)
+    assert t.min_ms == 1 and t.repeats == 5 and t.cpu_median_ms == 1.5
+    one = timing(7.5)
+    assert (one.q1_ms, one.median_ms, one.q3_ms, one.iqr_ms) == (7.5, 7.5, 7.5, 0)
+    assert timing(1, 2).median_ms == 1.5
+    assert set(t.as_dict()) == {"median_ms", "q1_ms", "q3_ms", "iqr_ms", "cpu_median_ms", "repeats"}
+    assert str(t) == "3.00 ms (IQR 2.00-4.00, CPU 1.50 ms, n=5)"
+
+
+def test_an_outlier_moves_the_mean_not_the_median():
+    steady = timing(10, 10, 10, 10, 10, 10, 10)
+    loaded = timing(10, 10, 10, 10, 10, 10, 900)  # one call lost the core
+    assert loaded.median_ms == steady.median_ms == 10
+    assert loaded.iqr_ms == 0
+
+
+def test_clearly_faster_needs_the_spreads_apart():
+    fast, slow = timing(1, 2, 3, 4, 5), timing(6, 7, 8, 9, 10)
+    assert fast.clearly_faster_than(slow) and not slow.clearly_faster_than(fast)
+    overlapping = timing(3, 4, 5, 6, 7)
+    assert not fast.clearly_faster_than(overlapping)  # fast's q3 (4) is not below its q1 (4)
+    assert not fast.clearly_faster_than(fast)
+
+
+def test_ratios_and_their_spread():
+    slow, fast = timing(8, 10, 12), timing(1, 2, 3)
+    assert slow.ratio_to(fast) == 5
+    low, high = slow.ratio_spread(fast)
+    assert low == pytest.approx(9 / 2.5) and high == pytest.approx(11 / 1.5)
+    zero = timing(0, 0)
+    assert zero.ratio_to(zero) == 1 and fast.ratio_to(zero) == math.inf
+
+
+def test_samples_are_stored_as_floats_and_lists_are_accepted():
+    t = Timing([1, 2], [0, 1])
+    assert t.wall_ms == (1.0, 2.0) and t.cpu_ms == (0.0, 1.0)
+    assert t == Timing((1.0, 2.0), (0.0, 1.0))
+
+
+def test_measure_warms_up_then_times_every_repeat():
+    calls = []
+    t = measure(lambda: calls.append(1), warmup=2, repeats=5)
+    assert len(calls) == 7 and t.repeats == 5
+    assert all(w >= 0 for w in t.wall_ms) and all(c >= 0 for c in t.cpu_ms)
+
+
+def test_side_by_side_interleaves_the_rounds():
+    order: list[str] = []
+    result = measure_side_by_side(
+        {"a": lambda: order.append("a"), "b": lambda: order.append("b")}, warmup=1, repeats=3
+    )
+    assert order == ["a", "b"] * 4
+    assert set(result) == {"a", "b"} and all(t.repeats == 3 for t in result.values())
+
+
+def test_sync_brackets_every_timed_call_and_measure_once_returns_the_value():
+    events: list[str] = []
+    measure(lambda: events.append("call"), warmup=0, repeats=2, sync=lambda: events.append("sync"))
+    assert events == ["sync", "call", "sync"] * 2
+    value, t = measure_once(lambda: 42)
+    assert value == 42 and t.repeats == 1
+
+
+def test_an_exception_in_the_timed_function_reaches_the_caller():
+    def boom():
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        measure(boom, warmup=0, repeats=1)
+
+
+@pytest.mark.parametrize(
+    "wall, cpu, match",
+    [
+        ((), (), "1 to"),
+        ((1.0,), (), "1 to"),
+        ((1.0, 2.0), (1.0,), "as many"),
+        ((float("nan"),), (0.0,), "finite"),
+        ((float("inf"),), (0.0,), "finite"),
+        ((-1.0,), (0.0,), "at least 0"),
+        ((True,), (0.0,), "finite"),
+        (("1",), (0.0,), "finite"),
+        ("12", "12", "tuple or list"),
+        (None, None, "tuple or list"),
+        ((1.0,) * (MAX_REPEATS + 1), (1.0,) * (MAX_REPEATS + 1), "1 to"),
+    ],
+)
+def test_timing_refuses_bad_samples(wall, cpu, match):
+    with pytest.raises(InvalidArgumentError, match=match):
+        Timing(wall, cpu)
+
+
+def test_measure_refuses_bad_arguments_and_calls_nothing():
+    calls = []
+
+    def fn():
+        calls.append(1)
+
+    for kwargs, match in [
+        ({"warmup": -1}, "warmup"),
+        ({"repeats": 0}, "repeats"),
+        ({"repeats": 2.0}, "repeats"),
+        ({"repeats": MAX_REPEATS + 1}, "repeats"),
+        ({"sync": "cuda"}, "sync"),
+    ]:
+        with pytest.raises(InvalidArgumentError, match=match):
+            measure(fn, **kwargs)
+    with pytest.raises(InvalidArgumentError, match="function"):
+        measure("not a function")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="non-empty mapping"):
+        measure_side_by_side({})
+    with pytest.raises(InvalidArgumentError, match="non-empty mapping"):
+        measure_side_by_side([fn])  # type: ignore[arg-type]
+    assert set(measure_side_by_side({16: lambda: None, 64: lambda: None}, warmup=0, repeats=1)) == {16, 64}
+    with pytest.raises(InvalidArgumentError, match="function"):
+        measure_side_by_side({"a": fn, "b": 3})  # type: ignore[dict-item]
+    with pytest.raises(InvalidArgumentError, match="Timing"):
+        timing(1).ratio_to(1.0)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="Timing"):
+        timing(1).clearly_faster_than(None)  # type: ignore[arg-type]
+    assert calls == []  # a refused call ran nothing
+
+
+@FAST
+@given(value=hostile_values(), which=st.sampled_from(["warmup", "repeats", "sync", "fn", "wall"]))
+def test_hostile_values_are_refused_by_kvlab_or_accepted(value, which):
+    calls = []
+
+    def fn():
+        calls.append(1)
+
+    if which == "fn":
+        kvlab_or_ok(lambda: measure(value, warmup=0, repeats=1))
+    elif which == "wall":
+        kvlab_or_ok(lambda: Timing(value, value))
+    else:
+        kwargs = {which: value}
+        if which == "sync" and callable(value):
+            return
+        if kvlab_or_ok(lambda: measure(fn, **kwargs)) is False:
+            assert calls == []
+
+
+@FAST
+@given(st.lists(st.floats(min_value=0, max_value=1e6), min_size=1, max_size=50))
+def test_quartiles_are_ordered_and_inside_the_samples(values):
+    t = Timing(tuple(values), tuple(values))
+    assert min(values) <= t.q1_ms <= t.median_ms <= t.q3_ms <= max(values)
+    assert t.iqr_ms >= 0
+    assert not t.clearly_faster_than(t)
