@@ -8,6 +8,9 @@ Needs the ``engine`` extra (torch); the Triton kernel also needs ``triton``.
 * ``Engine`` -- a seeded random tiny transformer over a paged KV pool, whose
   reuse is decided by ``kvlab.models.prefix_cache`` (``cache="blocks"``), a
   llama-server slot (``"slot"``) or nothing (``"off"``).
+* ``Scheduler`` -- continuous batching over an ``Engine``'s model and pool: requests queue, are
+  admitted while the pool can hold them, and advance one token per step in one batched forward
+  pass (``TinyTransformer.decode_batch``); what ``python -m kvlab serve`` runs.
 * ``run_chat`` -- the agent-like conversation behind ``python -m kvlab chat``.
 * ``tenant_probe`` / ``tenant_probe_demo`` -- the cross-tenant timing probe
   and the cache salt that stops it.
@@ -25,6 +28,8 @@ _EXPORTS = {
     "CACHE_MODES": "kvlab.engine.engine",
     "Engine": "kvlab.engine.engine",
     "GenerationResult": "kvlab.engine.engine",
+    "Scheduler": "kvlab.engine.scheduler",
+    "ServeRequest": "kvlab.engine.scheduler",
     "KVPool": "kvlab.engine.model",
     "ModelConfig": "kvlab.engine.model",
     "TinyTransformer": "kvlab.engine.model",

@@ -24,6 +24,7 @@ would (``cache_n``, ``prompt_n``) and the time to first token, measured.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -50,6 +51,8 @@ from kvlab.server.slots import common_prefix
 
 CACHE_MODES = ("blocks", "slot", "off")
 ATTENTIONS = ("auto", "reference", "torch", "triton")
+WARM_UP_TOKENS = 256
+"""Longest prompt the engine prefills once at start, so the first long request pays no one-time costs."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,18 @@ class GenerationResult:
     def prompt_n(self) -> int:
         """Prompt tokens the engine computed (llama-server's ``timings.prompt_n``)."""
         return self.prompt_tokens - self.cache_n
+
+
+@dataclass(frozen=True)
+class CacheState:
+    """A saved copy of an engine's prefix cache (``cache="blocks"``): which blocks hold which prefixes.
+
+    Made by ``Engine.save_cache_state`` and put back by ``Engine.restore_cache_state`` on the same
+    engine only: the state names pool blocks whose K/V only that engine's pool holds.
+    """
+
+    owner: object
+    prefix_cache: PrefixCache
 
 
 class Engine:
@@ -125,20 +140,22 @@ class Engine:
         self._free = deque(range(num_blocks))
         self._next_id = 0
         self._used_ids: set[str] = set()
+        self._owner = object()  # names this engine in the CacheStates it saves
         self._warm_up()
 
     def _warm_up(self) -> None:
-        """One prefill and one decode step into block 0 of the still-empty pool, as servers warm up at start.
+        """Prefill a prompt of up to ``WARM_UP_TOKENS`` tokens and decode one step, as servers warm up at start.
 
-        The first call of a torch kernel pays one-time costs (loading, picking
-        BLAS kernels); without this, the first request's time to first token
-        would measure them, not the prompt. Nothing refers to block 0's
-        contents afterwards: no request or cache entry exists yet.
+        The first call of a torch kernel at a new size pays one-time costs (loading, picking BLAS
+        kernels, growing the allocator); a one-token warm-up left them to the first long prefill,
+        whose time to first token then measured them, not the prompt. The prompt is written into
+        the first blocks of the still-empty pool; nothing refers to their contents afterwards: no
+        request or cache entry exists yet.
         """
-        table = torch.zeros(1, dtype=torch.int32)
-        self.model.prefill([0], 0, self.pool, table, impl=self.attention)
-        if self.block_size > 1:
-            self.model.decode(0, 1, self.pool, table, impl=self.attention)
+        n = min(self.max_model_len - 1, WARM_UP_TOKENS)
+        table = self._table(range(cdiv(n + 1, self.block_size)))
+        self.model.prefill([t % 97 for t in range(n)], 0, self.pool, table, impl=self.attention)
+        self.model.decode(0, n, self.pool, table, impl=self.attention)
 
     # ------------------------------------------------------------------ public
 
@@ -199,6 +216,48 @@ class Engine:
 
     def decode_text(self, tokens: Sequence[int]) -> str:
         return self.tokenizer.decode(tokens)
+
+    def twin(self) -> Engine:
+        """A new, empty engine built like this one: the same model (same seeded weights), pool and reuse rule.
+
+        Requests served here are not in the twin's cache; ``run_chat`` plays one chat on several
+        twins to time each turn repeatedly from the same cache state.
+        """
+        return Engine(
+            cache=self.cache_mode,
+            block_size=self.block_size,
+            max_model_len=self.max_model_len,
+            num_blocks=self.pool.num_blocks,
+            config=self.model.config,
+            attention=self.attention,
+            device=str(self.model.device),
+            tokenizer=self.tokenizer,
+        )
+
+    def save_cache_state(self) -> CacheState:
+        """A copy of the prefix cache as it is now, for ``restore_cache_state`` on this engine.
+
+        Only for ``cache="blocks"``: a slot's later requests overwrite its K/V in place. The pool's
+        K/V are not copied, so restoring is exact as long as no request in between took (and
+        overwrote) a block the saved state keeps cached, as when the pool has room to spare.
+        """
+        if self.prefix_cache is None:
+            raise InvalidArgumentError(
+                f"save_cache_state needs cache='blocks'; this engine's cache is {self.cache_mode!r}"
+            )
+        return CacheState(self._owner, copy.deepcopy(self.prefix_cache))
+
+    def restore_cache_state(self, state: CacheState) -> None:
+        """Put back a state saved by ``save_cache_state`` on this engine (the next request sees that cache)."""
+        if not isinstance(state, CacheState):
+            raise InvalidArgumentError(
+                f"state must be a CacheState from save_cache_state, got {brief(state)}"
+            )
+        if state.owner is not self._owner:
+            raise InvalidArgumentError(
+                "this CacheState was saved on another engine: its blocks are not in this pool"
+            )
+        self.prefix_cache = copy.deepcopy(state.prefix_cache)
 
     # ------------------------------------------------------------------ internals
 

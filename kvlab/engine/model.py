@@ -276,3 +276,122 @@ class TinyTransformer:
         """One decode step: ``token`` at ``position`` attends over the cache through ``paged_attention``."""
         toks = self._check_call([token], position, pool, block_table)
         return self._forward(toks, position, pool, block_table, impl, decode=True)
+
+    @torch.inference_mode()
+    def decode_batch(
+        self,
+        tokens: Sequence[int],
+        positions: Sequence[int],
+        pool: KVPool,
+        block_tables: torch.Tensor,
+        *,
+        impl: str = "auto",
+    ) -> torch.Tensor:
+        """One decode step for many sequences in ONE forward pass (continuous batching).
+
+        Sequence ``s`` feeds ``tokens[s]`` at ``positions[s]``; row ``s`` of
+        ``block_tables`` (int, ``[num_seqs, max_blocks]``, padded with any valid
+        id) names its blocks. Every layer runs one matmul over the whole batch
+        and one ``paged_attention`` call over all sequences. Returns logits
+        ``[num_seqs, len(output_ids)]``.
+        """
+        toks = check_tokens("tokens", tokens)
+        if not isinstance(positions, Sequence) or len(positions) != len(toks):
+            raise InvalidArgumentError(f"positions must be a list of {len(toks)} positions, one per token")
+        pos = [check_int(f"positions[{i}]", p, minimum=0) for i, p in enumerate(positions)]
+        if not isinstance(pool, KVPool):
+            raise InvalidArgumentError(f"pool must be a KVPool, got {type(pool).__name__}")
+        if not isinstance(block_tables, torch.Tensor) or tuple(block_tables.shape[:1]) != (len(toks),):
+            raise InvalidArgumentError(
+                f"block_tables must be a [{len(toks)}, max_blocks] tensor of block ids"
+            )
+        if block_tables.dim() != 2 or max(pos) >= block_tables.shape[1] * pool.block_size:
+            raise InvalidArgumentError(
+                f"positions up to {max(pos)} do not fit block tables of {block_tables.shape[-1]} blocks "
+                f"of {pool.block_size} tokens"
+            )
+        return self._forward_batch(toks, pos, pool, block_tables, impl)
+
+    @torch.inference_mode()
+    def prefill_batch(
+        self,
+        prompts: Sequence[Sequence[int]],
+        starts: Sequence[int],
+        pool: KVPool,
+        block_tables: torch.Tensor,
+        *,
+        impl: str = "auto",
+    ) -> torch.Tensor:
+        """Prefill several sequences in ONE forward pass: their new tokens packed, as vLLM batches prefills.
+
+        Sequence ``s`` computes ``prompts[s]`` at positions ``starts[s]..`` (its first
+        ``starts[s]`` tokens are cached already) in the blocks of row ``s`` of
+        ``block_tables``. Each layer runs one matmul over all the new tokens and one
+        ``paged_prefill`` call. Returns the logits after each sequence's last token,
+        ``[num_seqs, len(output_ids)]``.
+        """
+        if not isinstance(prompts, Sequence) or not prompts or len(starts) != len(prompts):
+            raise InvalidArgumentError("prompts must be a non-empty list of token lists, with one start each")
+        if not isinstance(block_tables, torch.Tensor) or block_tables.dim() != 2:
+            raise InvalidArgumentError("block_tables must be a [num_seqs, max_blocks] tensor of block ids")
+        if block_tables.shape[0] != len(prompts):
+            raise InvalidArgumentError(f"block_tables needs one row per sequence ({len(prompts)})")
+        toks = [
+            self._check_call(p, s, pool, block_tables[i])
+            for i, (p, s) in enumerate(zip(prompts, starts, strict=True))
+        ]
+        return self._prefill_batch(toks, [int(s) for s in starts], pool, block_tables, impl)
+
+    def _prefill_batch(
+        self, prompts: list[list[int]], starts: list[int], pool: KVPool, block_tables: torch.Tensor, impl: str
+    ) -> torch.Tensor:
+        c = self.config
+        n = sum(len(p) for p in prompts)
+        ids = torch.tensor([t for p in prompts for t in p], dtype=torch.int64, device=self.device)
+        pos = torch.cat(
+            [torch.arange(s, s + len(p), device=self.device) for p, s in zip(prompts, starts, strict=True)]
+        )
+        tables = block_tables.to(device=self.device, dtype=torch.int32)
+        query_lens = torch.tensor([len(p) for p in prompts], dtype=torch.int32, device=self.device)
+        seq_lens = torch.tensor([s + len(p) for p, s in zip(prompts, starts, strict=True)], dtype=torch.int32,
+                                device=self.device)  # fmt: skip
+        last = torch.cumsum(query_lens.to(torch.int64), 0) - 1
+        h = self._rows(ids)
+        for i, w in enumerate(self.layers):
+            x = self._rms_norm(h)
+            q = self._rope((x @ w["wq"]).view(n, c.num_heads, c.head_dim), pos)
+            k = self._rope((x @ w["wk"]).view(n, c.num_kv_heads, c.head_dim), pos)
+            v = (x @ w["wv"]).view(n, c.num_kv_heads, c.head_dim)
+            key_cache, value_cache = pool.layer(i)
+            attn = paged_prefill(q, k, v, key_cache, value_cache, tables, seq_lens, query_lens,
+                                 impl=impl if impl in PREFILL_IMPLS else "auto")  # fmt: skip
+            h = h + attn.reshape(n, c.num_heads * c.head_dim) @ w["wo"]
+            x = self._rms_norm(h)
+            h = h + (torch.nn.functional.silu(x @ w["w_gate"]) * (x @ w["w_up"])) @ w["w_down"]
+        return self._rms_norm(h[last]) @ self.lm_head.T
+
+    def _forward_batch(
+        self, tokens: list[int], positions: list[int], pool: KVPool, block_tables: torch.Tensor, impl: str
+    ) -> torch.Tensor:
+        c = self.config
+        n = len(tokens)
+        ids = torch.tensor(tokens, dtype=torch.int64, device=self.device)
+        pos = torch.tensor(positions, dtype=torch.int64, device=self.device)
+        tables = block_tables.to(device=self.device, dtype=torch.int32)
+        seq_lens = (pos + 1).to(torch.int32)
+        bs = pool.block_size
+        rows = torch.arange(n, device=self.device)
+        slots = tables.to(torch.int64)[rows, pos // bs] * bs + pos % bs
+        h = self._rows(ids)
+        for i, w in enumerate(self.layers):
+            x = self._rms_norm(h)
+            q = self._rope((x @ w["wq"]).view(n, c.num_heads, c.head_dim), pos)
+            k = self._rope((x @ w["wk"]).view(n, c.num_kv_heads, c.head_dim), pos)
+            v = (x @ w["wv"]).view(n, c.num_kv_heads, c.head_dim)
+            key_cache, value_cache = pool.layer(i)
+            write_kv_cache(k, v, key_cache, value_cache, slots)
+            attn = paged_attention(q, key_cache, value_cache, tables, seq_lens, impl=impl)
+            h = h + attn.reshape(n, c.num_heads * c.head_dim) @ w["wo"]
+            x = self._rms_norm(h)
+            h = h + (torch.nn.functional.silu(x @ w["w_gate"]) * (x @ w["w_up"])) @ w["w_down"]
+        return self._rms_norm(h) @ self.lm_head.T
