@@ -11,6 +11,8 @@ lines, the first cell error (if any) and the seconds it took. The notebook
 tests (tests/test_notebooks.py) and benchmarks/notebooks.py use ``run_notebook``
 and ``run_many`` from here; nothing is written back to the notebooks. Set
 KVLAB_NOTEBOOK_CELL_TIMEOUT (seconds, default 180) and KVLAB_NOTEBOOK_WORKERS to change the limits.
+Kernels get KVLAB_SKIP_LIVE=1 unless it is set already, so cells that bring up a live fleet of servers
+(about a minute; notebook 15) skip themselves; tests/serve covers those runs. KVLAB_SKIP_LIVE=0 runs them.
 """
 
 from __future__ import annotations
@@ -91,7 +93,13 @@ def run_notebook(path: str | Path, solved: bool = False, timeout: int = CELL_TIM
     nb = nbformat.read(path, as_version=4)
     with tempfile.TemporaryDirectory(prefix="kvlab-nb-") as tmp:
         log = Path(tmp) / "checks.jsonl"
-        env = {**os.environ, "KVLAB_EXERCISE_LOG": str(log), "PYTHONHASHSEED": "0", "MPLBACKEND": "Agg"}
+        env = {
+            "KVLAB_SKIP_LIVE": "1",  # a live fleet takes a minute; tests/serve runs it (set 0 to run it here)
+            **os.environ,
+            "KVLAB_EXERCISE_LOG": str(log),
+            "PYTHONHASHSEED": "0",
+            "MPLBACKEND": "Agg",
+        }
         start = time.perf_counter()
         try:
             if solved:
