@@ -14,6 +14,13 @@ of this package named ``nb`` + two digits is imported here, so adding a
 notebook's exercises is adding that one file (see docs/notebook_guide.md).
 Checkers compute the expected answer with kvlab's models; no solution text is
 kept here (solutions live in ``solutions/``).
+
+Every answer reaches a checker as plain data (``plain.py``: exact built-in
+types, no student method called), and a submitted function is called
+time-limited, quietly, with its exits caught (``core.StudentFunction``). The
+same checkers grade a class outside the students' kernels: ``grading.py``
+(one notebook), ``sandbox.py`` (a function re-run in a child process on hidden
+cases), ``reports.py`` (CSV, feedback, Gradescope) and ``python -m kvlab grade``.
 """
 
 from __future__ import annotations
@@ -30,8 +37,10 @@ from kvlab.exercises.core import (
     NotYet,
     Result,
     UnknownExerciseError,
+    Verdict,
     call,
     check,
+    evaluate,
     exercise,
     exercises,
     get,
@@ -46,8 +55,10 @@ __all__ = [
     "NotYet",
     "Result",
     "UnknownExerciseError",
+    "Verdict",
     "call",
     "check",
+    "evaluate",
     "exercise",
     "exercises",
     "get",

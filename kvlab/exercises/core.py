@@ -11,24 +11,35 @@ or raises ``NotYet`` with a message that says what to look at.
 exception from an answer escape, because a student's unfinished or wrong work
 must never end in a traceback. The only error it raises is for an exercise id
 that does not exist, which is the notebook author's mistake, not the student's.
+
+Every answer first goes through ``kvlab.exercises.plain`` (exact built-in
+types, no student method called); a submitted function is wrapped so that each
+call is time-limited, its printing is swallowed, an exit is caught, and what it
+returns is converted the same way. A checker therefore only ever sees plain
+data, here and in the grader (``kvlab/exercises/grading.py``), which runs the
+same checkers outside the student's kernel.
 """
 
 from __future__ import annotations
 
-import html
+import contextlib
+import random
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvlab.errors import InvalidArgumentError, KvlabError, brief
+from kvlab.exercises.guard import PRINT_LIMIT, Capped, TimeUp, deadline, what_was_raised
+from kvlab.exercises.plain import Opaque, describe, plain, tidy
+from kvlab.exercises.plain import name_in as name_in  # the checkers import it from here
+from kvlab.exercises.result import NOT_DONE as NOT_DONE
+from kvlab.exercises.result import NOT_YET as NOT_YET
+from kvlab.exercises.result import RIGHT as RIGHT
+from kvlab.exercises.result import Result
 from kvlab.lessons.log import LOG_ENV as LOG_ENV  # the tests and the grader name it here too
 from kvlab.lessons.log import log_event
-
-RIGHT = "right"
-NOT_YET = "not yet"
-NOT_DONE = "not done yet"
-
 
 _ID = re.compile(r"(\d\d)\.([1-9]\d*)")
 
@@ -48,46 +59,76 @@ class _NotDone(Exception):
     """The answer (or what a submitted function returned) is still the ``...`` placeholder."""
 
 
-# How each answer_type is described and converted. A converter returns the
-# answer in the declared type or None when the answer does not have that type.
-def _as_int(a: Any) -> int | None:
-    if isinstance(a, bool):
-        return None
-    if isinstance(a, int):
+class _Refused(Exception):
+    """The answer does not have the declared type; the message says why (it does not use up a hint)."""
+
+
+# How each answer_type is described and converted. A converter gets the answer as
+# plain data (``plain``) and returns it in the declared type or raises _Refused.
+def _whole_float(a: Any) -> bool:
+    return type(a) is float and a.is_integer() and abs(a) <= 2**53
+
+
+def _quoted(a: Any, what: str) -> _Refused:
+    return _Refused(f"you gave str {describe(a)}, text in quotes; write {what} without the quotes.")
+
+
+def _as_int(a: Any) -> int:
+    if type(a) is int:
         return a
-    if hasattr(a, "dtype") and getattr(a, "shape", None) == () and a.dtype.kind in "iu":
-        return int(a)  # a numpy integer
-    return None
+    if _whole_float(a):
+        return int(a)  # 8192 / 2048 is 4.0: a human grader reads it as 4
+    if type(a) is float:
+        raise _Refused(f"you gave float {a!r}, which is not a whole number.")
+    if type(a) is str:
+        raise _quoted(a, "the number")
+    raise _Refused("")
 
 
-def _as_number(a: Any) -> float | None:
-    if isinstance(a, bool):
-        return None
-    if isinstance(a, (int, float)):
+def _as_number(a: Any) -> float:
+    if type(a) in (int, float):
         return float(a)
-    if hasattr(a, "dtype") and getattr(a, "shape", None) == () and a.dtype.kind in "iuf":
-        return float(a)
-    return None
+    if type(a) is str:
+        raise _quoted(a, "the number")
+    raise _Refused("")
 
 
-def _as_list(a: Any) -> list | None:
-    if isinstance(a, (list, tuple)):
+def _as_list(a: Any) -> list:
+    if type(a) in (list, tuple):
         return list(a)
-    if hasattr(a, "tolist") and getattr(a, "ndim", 0) == 1:
-        return list(a.tolist())
-    return None
+    if type(a) is str:
+        raise _Refused("a string is not a list; put the items in [ ].")
+    raise _Refused("")
+
+
+def _exact(kind: type) -> Callable[[Any], Any]:
+    def convert(a: Any) -> Any:
+        if type(a) is kind:
+            return a
+        raise _Refused("")
+
+    return convert
+
+
+def _as_function(a: Any) -> Callable[..., Any]:
+    if callable(a) and not isinstance(a, (Opaque, type)):
+        return a
+    raise _Refused("")
 
 
 _TYPES: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "int": ("a whole number, such as 3", _as_int),
     "number": ("a number, such as 3 or 2.5", _as_number),
-    "str": ("a string in quotes, such as 'internal'", lambda a: a if isinstance(a, str) else None),
-    "bool": ("True or False", lambda a: a if isinstance(a, bool) else None),
+    "str": ("a string in quotes, such as 'internal'", _exact(str)),
+    "bool": ("True or False", _exact(bool)),
     "list": ("a list, such as [1, 2, 3]", _as_list),
-    "dict": ("a dict, such as {'a': 1}", lambda a: a if isinstance(a, dict) else None),
-    "function": ("a function (write `def name(...):` and pass the name, without calling it)",
-                 lambda a: a if callable(a) else None),
+    "dict": ("a dict, such as {'a': 1}", _exact(dict)),
+    "function": ("a function (write `def name(...):` and pass the name, without calling it)", _as_function),
 }  # fmt: skip
+
+DIFFICULTIES = ("intro", "core", "stretch")
+TRUSTED_FUNCTIONS: set[type] = set()  # callables that time-limit a student's function and return plain data
+FUNCTION_SECONDS = 10.0  # all the calls one check makes of a student's function, together
 
 
 @dataclass(frozen=True)
@@ -100,7 +141,11 @@ class Exercise:
     minutes: int  # a typical student's time
     answer_type: str  # a key of _TYPES
     hints: tuple[str, ...]  # gentlest first; each "not yet" reveals the next one
-    checker: Callable[[Any], str | None] = field(repr=False, compare=False)
+    checker: Callable[..., str | None] = field(repr=False, compare=False)
+    points: int = 1  # what the exercise is worth when graded
+    difficulty: str = "core"  # one of DIFFICULTIES
+    prerequisites: tuple[str, ...] = ()  # exercise ids a student should have done first
+    cases: Callable[[random.Random | None], list[Any]] | None = field(default=None, repr=False, compare=False)
 
     @property
     def notebook(self) -> str:
@@ -113,6 +158,15 @@ class Exercise:
     @property
     def expects(self) -> str:
         return _TYPES[self.answer_type][0]
+
+    def draw_cases(self, rng: random.Random | None = None) -> list[Any] | None:
+        """A function exercise's cases: the notebook's (``rng`` None) or the notebook's plus fresh ones."""
+        return None if self.cases is None else self.cases(rng)
+
+
+def _order(exercise_id: str) -> tuple[int, int]:
+    nb, k = exercise_id.split(".")
+    return int(nb), int(k)
 
 
 _REGISTRY: dict[str, Exercise] = {}
@@ -127,12 +181,22 @@ def exercise(
     minutes: int,
     answer_type: str,
     hints: list[str] | tuple[str, ...],
-) -> Callable[[Callable[[Any], str | None]], Callable[[Any], str | None]]:
+    points: int,
+    difficulty: str,
+    prerequisites: list[str] | tuple[str, ...] = (),
+    cases: Callable[[random.Random | None], list[Any]] | None = None,
+) -> Callable[[Callable[..., str | None]], Callable[..., str | None]]:
     """Register the decorated function as the checker of ``exercise_id``.
 
     The checker gets the answer converted to ``answer_type`` (one of int,
-    number, str, bool, list, dict, function). It returns None or a remark when
-    the answer is right and raises ``NotYet("what to look at")`` when it is not.
+    number, str, bool, list, dict, function), as plain data. It returns None
+    or a remark when the answer is right and raises ``NotYet("what to look
+    at")`` when it is not. ``points``, ``difficulty`` (intro, core, stretch)
+    and ``prerequisites`` are the teaching data docs/instructors.md and the
+    grader use. A function exercise may declare ``cases(rng)``: the argument
+    cases the checker tries, the notebook's when ``rng`` is None, the
+    notebook's plus fresh hidden ones drawn from ``rng`` when grading; its
+    checker is then called as ``checker(answer, cases)``.
     """
     if not isinstance(exercise_id, str) or not _ID.fullmatch(exercise_id):
         raise InvalidArgumentError(
@@ -155,11 +219,30 @@ def exercise(
         )
     if isinstance(hints, str) or not hints or not all(isinstance(h, str) and h.strip() for h in hints):
         raise InvalidArgumentError(f"exercise {exercise_id}: hints must be a non-empty list of strings")
-
-    def register(checker: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
-        _REGISTRY[exercise_id] = Exercise(
-            exercise_id, title, assesses, minutes, answer_type, tuple(hints), checker
+    if isinstance(points, bool) or not isinstance(points, int) or not 1 <= points <= 20:
+        raise InvalidArgumentError(
+            f"exercise {exercise_id}: points must be an int from 1 to 20, got {points!r}"
         )
+    if difficulty not in DIFFICULTIES:
+        raise InvalidArgumentError(
+            f"exercise {exercise_id}: difficulty must be one of {', '.join(DIFFICULTIES)}, got {difficulty!r}"
+        )
+    if isinstance(prerequisites, str) or not all(
+        isinstance(p, str) and _ID.fullmatch(p) and _order(p) < _order(exercise_id) for p in prerequisites
+    ):
+        raise InvalidArgumentError(
+            f"exercise {exercise_id}: prerequisites must be a list of earlier exercise ids, got {prerequisites!r}"
+        )
+    if cases is not None and (answer_type != "function" or not callable(cases)):
+        raise InvalidArgumentError(
+            f"exercise {exercise_id}: only a function exercise takes cases=, a callable"
+        )
+
+    def register(checker: Callable[..., str | None]) -> Callable[..., str | None]:
+        _REGISTRY[exercise_id] = Exercise(
+            exercise_id, title, assesses, minutes, answer_type, tuple(hints), checker,
+            points, difficulty, tuple(prerequisites), cases,
+        )  # fmt: skip
         return checker
 
     return register
@@ -186,92 +269,76 @@ def exercises(notebook: str | None = None) -> list[Exercise]:
     return sorted(chosen, key=lambda e: (e.notebook, e.number))
 
 
-# ---------------------------------------------------------------- results
-
-
-@dataclass
-class Result:
-    """What one ``check`` found. ``status`` is "right", "not yet" or "not done yet"."""
-
-    exercise_id: str
-    title: str
-    status: str
-    message: str
-    hint: str | None = None
-    _shown: bool = field(default=False, repr=False, compare=False)
-
-    @property
-    def right(self) -> bool:
-        return self.status == RIGHT
-
-    def __bool__(self) -> bool:
-        return self.right
-
-    def text(self) -> str:
-        mark = {RIGHT: "✓", NOT_YET: "✗", NOT_DONE: "…"}[self.status]
-        lines = [f"{mark} {self.exercise_id} {self.title}: {self.status}. {self.message}".rstrip()]
-        if self.hint:
-            lines.append(f"  Hint: {self.hint}")
-        return "\n".join(lines)
-
-    def _repr_html_(self) -> str:
-        color = {RIGHT: "#1a7f37", NOT_YET: "#bc4c00", NOT_DONE: "#57606a"}[self.status]
-        mark = {RIGHT: "✓ Right", NOT_YET: "✗ Not yet", NOT_DONE: "… Not done yet"}[self.status]
-        hint = f"<div style='margin-top:4px'><b>Hint:</b> {html.escape(self.hint)}</div>" if self.hint else ""
-        return (
-            f"<div style='border-left:4px solid {color};padding:4px 10px;margin:4px 0'>"
-            f"<b style='color:{color}'>{mark}</b> &middot; {html.escape(self.exercise_id)} "
-            f"{html.escape(self.title)}<div>{html.escape(self.message)}</div>{hint}</div>"
-        )
-
-    def show(self) -> None:
-        """Show the result: rich output in a notebook, plain text elsewhere."""
-        self._shown = True
-        shell = _ipython_shell()
-        if shell is None:
-            print(self.text())
-        else:
-            from IPython.display import publish_display_data
-
-            publish_display_data({"text/plain": self.text(), "text/html": self._repr_html_()})
-
-    def _ipython_display_(self) -> None:
-        # check() has shown the result already; a cell ending in check(...) must not show it twice.
-        if not self._shown:
-            self.show()
-
-
-def _ipython_shell() -> Any:
-    try:
-        from IPython import get_ipython
-    except ImportError:  # pragma: no cover - IPython comes with ipywidgets
-        return None
-    shell = get_ipython()
-    return shell if shell is not None and getattr(shell, "kernel", None) is not None else None
-
-
 # ---------------------------------------------------------------- checking
 
 
 def _has_placeholder(answer: Any, depth: int = 0) -> bool:
+    """Whether a plain answer still holds the ``...`` placeholder (looked for 4 levels deep)."""
     if answer is ...:
         return True
     if depth >= 4:
         return False
-    if isinstance(answer, (list, tuple, set, frozenset)):
+    if type(answer) in (list, tuple, set):
         return any(_has_placeholder(a, depth + 1) for a in answer)
-    if isinstance(answer, dict):
+    if type(answer) is dict:
         return any(_has_placeholder(a, depth + 1) for a in answer.values())
     return False
+
+
+class StudentFunction:
+    """A student's function as a checker calls it: time-limited, quiet, never exiting, returning plain data.
+
+    One instance serves one check: all its calls share ``seconds``. What the function printed is kept
+    (``printed``) up to ``PRINT_LIMIT`` characters.
+    """
+
+    def __init__(self, function: Callable[..., Any], seconds: float | None = None) -> None:
+        self.function = function
+        self.seconds = FUNCTION_SECONDS if seconds is None else seconds
+        self.deadline = time.monotonic() + self.seconds
+        self.out = Capped()
+        self.__name__ = "your function"
+
+    def __call__(self, *args: Any) -> Any:
+        left = self.deadline - time.monotonic()
+        shown = ", ".join(brief(a, 40) for a in args)
+        if left <= 0:
+            raise NotYet(f"your function ran out of time ({self.seconds:g} s for the whole check)")
+        try:
+            with deadline(left), contextlib.redirect_stdout(self.out), contextlib.redirect_stderr(self.out):
+                out = self.function(*args)
+                return plain(out)  # inside the deadline: a huge answer cannot stall the check either
+        except TimeUp:
+            raise NotYet(
+                f"your function did not return within {self.seconds:g} s (called with {shown}); "
+                "is there a loop that never ends?"
+            ) from None
+        except SystemExit:
+            raise NotYet(
+                f"your function called sys.exit() or exit() (called with {shown}); return a value instead"
+            ) from None
+        except NotYet:
+            raise
+        except BaseException as exc:  # the student's code: report it, never raise it
+            raise NotYet(f"your function raised {what_was_raised(exc)} (called with {shown})") from None
+
+    @property
+    def printed(self) -> str:
+        text = "".join(self.out.kept)
+        return text + (
+            f"\n[... {self.out.size - PRINT_LIMIT:,} more characters]" if self.out.size > PRINT_LIMIT else ""
+        )
 
 
 def call(function: Callable[..., Any], *args: Any) -> Any:
     """Call a student's function from a checker: its errors become ``NotYet``, ``...`` means not done."""
     try:
         out = function(*args)
+    except NotYet:
+        raise
     except Exception as exc:  # the student's code: report it, never raise it
         shown = ", ".join(brief(a) for a in args)
-        raise NotYet(f"your function raised {type(exc).__name__}: {exc} (called with {shown})") from None
+        raise NotYet(f"your function raised {what_was_raised(exc)} (called with {shown})") from None
     if out is ...:
         raise _NotDone
     return out
@@ -286,7 +353,10 @@ def call_for_list(function: Callable[..., Any], what: str, *args: Any) -> list[A
 
 
 def whole(value: Any) -> bool:
-    """Whether ``value`` is a whole number as an answer needs it: an int, not a bool."""
+    """Whether ``value`` is a whole number as an item of a list answer needs it: an int, not a bool.
+
+    (A whole-number answer on its own accepts an integral float such as ``8192 / 2048``; see ``_as_int``.)
+    """
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -301,47 +371,93 @@ def expect_two_whole(answer: list[Any], what: str) -> None:
         raise NotYet(f"Give two whole numbers: {what}.")
 
 
-def _evaluate(ex: Exercise, answer: Any) -> tuple[str, str]:
-    """(status, message) for ``answer``; never raises."""
-    done_msg = "Replace every ... with your answer, then run the cell again."
-    if answer is None or _has_placeholder(answer):
-        return NOT_DONE, done_msg
-    converted = _TYPES[ex.answer_type][1](answer)
-    if converted is None:
-        return (
-            NOT_YET,
-            f"This exercise expects {ex.expects}; you gave {type(answer).__name__} {brief(answer)}.",
-        )
+@dataclass(frozen=True)
+class Verdict:
+    """What ``evaluate`` found: status, message, and whether it counts as a try (uses up a hint)."""
+
+    status: str
+    message: str
+    counts: bool = True
+
+
+def evaluate(ex: Exercise, answer: Any, cases: list[Any] | None = None) -> Verdict:
+    """The verdict on ``answer`` (any object, or a grader's stand-in function); never raises.
+
+    ``cases`` replaces the notebook's cases of a function exercise (the grader's hidden ones).
+    """
     try:
-        remark = ex.checker(converted)
-    except _NotDone:
-        return NOT_DONE, "Your function still returns ...: write its body, then run the cell again."
-    except NotYet as exc:
-        return NOT_YET, str(exc)
-    except Exception as exc:  # a malformed answer the checker did not foresee
-        return (
-            NOT_YET,
-            f"This answer could not be checked ({type(exc).__name__}: {exc}); expected {ex.expects}.",
+        return _evaluate(ex, answer, cases)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # nothing a student hands in may end in a traceback
+        return Verdict(NOT_YET, f"This answer could not be checked ({what_was_raised(exc)}).", False)
+
+
+def _evaluate(ex: Exercise, answer: Any, cases: list[Any] | None) -> Verdict:
+    done_msg = "Replace every ... with your answer, then run the cell again."
+    function = ex.answer_type == "function"
+    value = answer if function and callable(answer) else plain(answer)
+    if value is None or _has_placeholder(value):
+        return Verdict(NOT_DONE, done_msg)
+    try:
+        converted = _TYPES[ex.answer_type][1](tidy(value))
+    except _Refused as why:
+        gave = (
+            f"{type(value).__name__} {describe(value)}"
+            if not isinstance(value, Opaque)
+            else repr(value)[1:-1]
         )
-    return RIGHT, remark if isinstance(remark, str) else "Well done."
+        said = str(why) or f"you gave {gave}."
+        return Verdict(NOT_YET, f"This exercise expects {ex.expects}: {said}", False)
+    trusted = type(converted) in TRUSTED_FUNCTIONS  # the grader's stand-in: limited and plain already
+    guarded = StudentFunction(converted) if function and not trusted else None
+    if trusted:
+        guarded = converted
+    try:
+        if guarded is not None and ex.cases is not None:
+            remark = ex.checker(guarded, cases if cases is not None else ex.draw_cases(None))
+        else:
+            remark = ex.checker(guarded if guarded is not None else converted)
+    except _NotDone:
+        return Verdict(NOT_DONE, "Your function still returns ...: write its body, then run the cell again.")
+    except NotYet as exc:
+        return Verdict(NOT_YET, _said(exc) + _printed(guarded))
+    except Exception as exc:  # a malformed answer the checker did not foresee
+        return Verdict(
+            NOT_YET, f"This answer could not be checked ({what_was_raised(exc)}); expected {ex.expects}."
+        )
+    return Verdict(RIGHT, remark if isinstance(remark, str) else "Well done.")
+
+
+def _said(exc: NotYet) -> str:
+    text = exc.args[0] if exc.args else ""
+    return text if type(text) is str else "Not yet."
+
+
+def _printed(guarded: Any) -> str:
+    if not isinstance(guarded, StudentFunction) or not guarded.out.size:
+        return ""
+    return f" (Your function printed {guarded.out.size:,} characters; they are not shown here.)"
 
 
 def check(exercise_id: str, answer: Any) -> Result:
     """Check ``answer`` for exercise ``exercise_id``, show the verdict and return it.
 
-    A wrong answer is "not yet" with a hint (the next one on each try), an
+    A wrong answer is "not yet" with a hint (the next one on each try; an
+    answer of the wrong type shows the current hint without using it up), an
     answer still holding ``...`` (or None) is "not done yet". Only an unknown
     exercise id raises (``UnknownExerciseError``).
     """
     ex = get(exercise_id)
-    status, message = _evaluate(ex, answer)
+    verdict = evaluate(ex, answer)
     hint = None
-    if status == NOT_YET:
+    if verdict.status == NOT_YET:
         tries = _attempts.get(ex.id, 0)
-        _attempts[ex.id] = tries + 1
+        if verdict.counts:
+            _attempts[ex.id] = tries + 1
         hint = ex.hints[min(tries, len(ex.hints) - 1)]
-    result = Result(ex.id, ex.title, status, message, hint)
-    log_event({"id": ex.id, "status": status, "message": message})
+    result = Result(ex.id, ex.title, verdict.status, verdict.message, hint)
+    log_event({"id": ex.id, "status": verdict.status, "message": verdict.message})
     result.show()
     return result
 

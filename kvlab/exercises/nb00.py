@@ -12,6 +12,8 @@ from kvlab.lessons.ex01 import reserve_max
     assesses="using the exercise cells: replacing ... with an answer and reading the feedback",
     minutes=2,
     answer_type="int",
+    points=1,
+    difficulty="intro",
     hints=[
         "Each request reserves 2,048 slots, whatever it really needs. How many times does 2,048 go into 8,192?",
     ],

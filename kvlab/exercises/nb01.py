@@ -5,6 +5,7 @@ The expected answers come from ``kvlab.models.contiguous``; nothing here states 
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 from typing import Any
 
@@ -23,6 +24,8 @@ POOL = 8192
     assesses="predicting internal fragmentation: how the reservation size sets how much of the pool holds KV",
     minutes=5,
     answer_type="number",
+    points=2,
+    difficulty="core",
     hints=[
         "First count how many 1,500-slot regions fit in 8,192 slots, then which requests get them.",
         "Add the real lengths of the requests that were placed and divide by the pool size (8,192).",
@@ -47,6 +50,8 @@ def reserve_1500(answer: float) -> str:
     assesses="applying first fit by hand and reading external fragmentation from the gap list",
     minutes=5,
     answer_type="list",
+    points=2,
+    difficulty="core",
     hints=[
         "First fit takes the gap with the lowest start that is large enough, not the best-sized one.",
         "The gaps before q6 arrives are [600, 400, 892], lowest start first. Which is the first one that holds 500?",
@@ -74,19 +79,8 @@ def gaps_after_500(answer: list[Any]) -> str:
     raise NotYet(f"{answer} is not where first fit leaves the free space.")
 
 
-@exercise(
-    "01.3",
-    title="Count the reserved-but-empty slots",
-    assesses="turning the definition of internal fragmentation into code for any pool, reservation and lengths",
-    minutes=10,
-    answer_type="function",
-    hints=[
-        "All regions have the same size and none is released, so the first pool_size // max_len requests fit.",
-        "Waste = (slots reserved by the placed requests) - (tokens those requests really hold).",
-        "Careful when there are fewer requests than places: only the requests that exist reserve anything.",
-    ],
-)
-def wasted_slots(answer: Any) -> str:
+def _wasted_cases(rng: random.Random | None) -> list[tuple[list[int], int, int]]:
+    """The notebook's pools; with ``rng``, eight fresh ones too (the grader's hidden cases)."""
     cases = [
         (LENGTHS, POOL, 2048),
         ([100, 200], POOL, 2048),
@@ -94,6 +88,30 @@ def wasted_slots(answer: Any) -> str:
         ([1000, 900, 50], 3000, 1000),
         ([10] * 10, 100, 30),
     ]
+    for _ in range(8 if rng else 0):
+        max_len = rng.randint(1, 3000)
+        pool_size = rng.randint(1, 5) * max_len + rng.randrange(max_len)
+        cases.append(([rng.randint(1, max_len) for _ in range(rng.randint(0, 9))], pool_size, max_len))
+    return cases
+
+
+@exercise(
+    "01.3",
+    title="Count the reserved-but-empty slots",
+    assesses="turning the definition of internal fragmentation into code for any pool, reservation and lengths",
+    minutes=10,
+    answer_type="function",
+    cases=_wasted_cases,
+    points=3,
+    difficulty="stretch",
+    prerequisites=["01.1"],
+    hints=[
+        "All regions have the same size and none is released, so the first pool_size // max_len requests fit.",
+        "Waste = (slots reserved by the placed requests) - (tokens those requests really hold).",
+        "Careful when there are fewer requests than places: only the requests that exist reserve anything.",
+    ],
+)
+def wasted_slots(answer: Any, cases: list[tuple[list[int], int, int]]) -> str:
     for lengths, pool_size, max_len in cases:
         expected = reserve_max(lengths, pool_size=pool_size, max_len=max_len).internal_fragmentation
         got = call(answer, list(lengths), pool_size, max_len)
@@ -111,6 +129,9 @@ def wasted_slots(answer: Any) -> str:
     assesses="explaining external fragmentation: whether freed regions become one usable gap depends on where they sit",
     minutes=10,
     answer_type="list",
+    points=2,
+    difficulty="core",
+    prerequisites=["01.2"],
     hints=[
         "Two freed regions form one gap only when nothing lies between them.",
         "Put the 600 and the 400 next to each other, or put one of them last, next to the free tail of 892 slots.",

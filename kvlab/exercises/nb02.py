@@ -5,10 +5,11 @@ The expected answers come from ``kvlab.models.paged.BlockPool`` and ``kvlab.less
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 from kvlab.errors import brief
-from kvlab.exercises.core import NotYet, all_whole, call, exercise, whole
+from kvlab.exercises.core import NotYet, all_whole, call, exercise, name_in, whole
 from kvlab.lessons.ex02 import example_2
 from kvlab.models.paged import BlockPool
 
@@ -37,6 +38,8 @@ def _lesson_pool() -> BlockPool:
     assesses="translating a token position through a block table: logical block, offset, physical block, slot",
     minutes=4,
     answer_type="int",
+    points=1,
+    difficulty="intro",
     hints=[
         "Split the position into a logical block (position // 16) and an offset (position % 16).",
         "Look the logical block up in A's block table [7, 2, 9]; the slot is physical block * 16 + offset.",
@@ -69,6 +72,8 @@ def slot_of_token(answer: int) -> str:
     assesses="rounding a sequence length up to whole blocks",
     minutes=3,
     answer_type="list",
+    points=1,
+    difficulty="intro",
     hints=[
         "A block holds 16 tokens; a sequence that needs even one slot of a block takes the whole block.",
         "Divide and round up: ceil(length / 16), or -(-length // 16) in Python.",
@@ -95,19 +100,33 @@ def blocks_for_lengths(answer: list[Any]) -> str:
     raise NotYet(f"Look again at the lengths {wrong}.")
 
 
+def _mapping_cases(rng: random.Random | None) -> list[tuple[list[int], int, int]]:
+    """The notebook's tables; with ``rng``, eight fresh ones too (the grader's hidden cases)."""
+    cases = [([7, 2, 9], 16, 37), ([4, 0], 16, 20), ([3, 1], 4, 5), ([5], 8, 8), ([10, 0, 6], 2, 5)]
+    for _ in range(8 if rng else 0):
+        n = rng.randint(1, 6)
+        table = rng.sample(range(2 * n + 6), n)
+        block_size = rng.choice([1, 2, 4, 8, 16, 32])
+        cases.append((table, block_size, rng.randint((n - 1) * block_size + 1, n * block_size)))
+    return cases
+
+
 @exercise(
     "02.3",
     title="Write the slot mapping",
     assesses="turning the translation rule into code: vLLM's slot mapping for any block table and block size",
     minutes=8,
     answer_type="function",
+    cases=_mapping_cases,
+    points=2,
+    difficulty="core",
+    prerequisites=["02.1"],
     hints=[
         "Position p lives in block_table[p // block_size] at offset p % block_size.",
         "Return one slot per token, positions 0 to num_tokens - 1 in order: physical * block_size + offset.",
     ],
 )
-def slot_mapping(answer: Any) -> str:
-    cases = [([7, 2, 9], 16, 37), ([4, 0], 16, 20), ([3, 1], 4, 5), ([5], 8, 8), ([10, 0, 6], 2, 5)]
+def slot_mapping(answer: Any, cases: list[tuple[list[int], int, int]]) -> str:
     for table, block_size, num_tokens in cases:
         num_blocks = max(table) + 1
         pool = BlockPool(
@@ -136,6 +155,9 @@ def slot_mapping(answer: Any) -> str:
     assesses="running the translation backwards: from a slot in the pool to a sequence and a position",
     minutes=5,
     answer_type="list",
+    points=2,
+    difficulty="core",
+    prerequisites=["02.1"],
     hints=[
         "Slot s is in physical block s // 16 at offset s % 16. Which block table holds that physical block?",
         "The block's place in that table is its logical number; the position is logical * 16 + offset.",
@@ -148,7 +170,7 @@ def whose_slot(answer: list[Any]) -> str:
     )
     if len(answer) != 2 or not isinstance(answer[0], str) or not whole(answer[1]):
         raise NotYet("Give a sequence name and a position, e.g. ['B', 3].")
-    seq, pos = answer
+    seq, pos = name_in(answer[0], ("A", "B")), answer[1]  # "a" names sequence A
     if [seq, pos] == list(owner):
         return f"Slot {WHOSE_SLOT} is in physical block {WHOSE_SLOT // BLOCK}, which is logical block {pos // BLOCK} of {seq}."
     if seq not in ("A", "B"):

@@ -5,6 +5,7 @@ The expected answers come from ``kvlab.models.utilization``; nothing here states
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 from kvlab.errors import brief
@@ -21,6 +22,9 @@ BIG_BLOCK = 256  # exercise 03.2
     assesses="computing the only waste paging leaves: the unused tail of each sequence's last block",
     minutes=4,
     answer_type="int",
+    points=1,
+    difficulty="intro",
+    prerequisites=["02.2"],
     hints=[
         "Each sequence takes ceil(length / 16) blocks; its waste is blocks * 16 - length.",
         "A length that is a multiple of 16 wastes nothing; 17 tokens waste 15 slots.",
@@ -44,6 +48,9 @@ def tail_waste(answer: int) -> str:
     assesses="seeing the block-size trade-off: larger blocks waste more in each last block, so fewer requests fit",
     minutes=5,
     answer_type="int",
+    points=2,
+    difficulty="core",
+    prerequisites=["03.1"],
     hints=[
         "Each of the lesson's requests now rounds up to a multiple of 256 slots; the pool has 8,192 / 256 = 32 blocks.",
         "Admit the requests in order, each taking ceil(length / 256) blocks, and stop at the first that does not fit.",
@@ -66,19 +73,8 @@ def requests_with_big_blocks(answer: int) -> str:
     raise NotYet(f"{answer} requests is not how many fit in 8,192 slots of {BIG_BLOCK}-token blocks.")
 
 
-@exercise(
-    "03.3",
-    title="Write the paged fill",
-    assesses="turning on-demand block allocation into code: blocks per request, admission in order, and waste",
-    minutes=10,
-    answer_type="function",
-    hints=[
-        "The pool has pool_size // block_size blocks. Go through the lengths in order; each needs ceil(length / block_size).",
-        "Stop at the first request that needs more blocks than are left (do not skip ahead to a smaller one).",
-        "Waste is the slots of the blocks taken minus the tokens stored: blocks * block_size - length, summed.",
-    ],
-)
-def paged_fill(answer: Any) -> str:
+def _fill_cases(rng: random.Random | None) -> list[tuple[list[int], int, int]]:
+    """The notebook's pools; with ``rng``, eight fresh ones too (the grader's hidden cases)."""
     cases = [
         (request_lengths(5, 40), 8192, 16),
         ([17, 32, 100, 1500, 9], 4096, 16),
@@ -86,6 +82,30 @@ def paged_fill(answer: Any) -> str:
         ([5, 5, 5, 500, 5], 64, 8),
         ([33] * 10, 100, 32),
     ]
+    for _ in range(8 if rng else 0):
+        block_size = rng.choice([1, 4, 8, 16, 32, 64])
+        lengths = [rng.randint(1, 1500) for _ in range(rng.randint(0, 12))]
+        cases.append((lengths, block_size * rng.randint(1, 400), block_size))
+    return cases
+
+
+@exercise(
+    "03.3",
+    title="Write the paged fill",
+    assesses="turning on-demand block allocation into code: blocks per request, admission in order, and waste",
+    minutes=10,
+    answer_type="function",
+    cases=_fill_cases,
+    points=3,
+    difficulty="stretch",
+    prerequisites=["02.2", "03.1"],
+    hints=[
+        "The pool has pool_size // block_size blocks. Go through the lengths in order; each needs ceil(length / block_size).",
+        "Stop at the first request that needs more blocks than are left (do not skip ahead to a smaller one).",
+        "Waste is the slots of the blocks taken minus the tokens stored: blocks * block_size - length, summed.",
+    ],
+)
+def paged_fill(answer: Any, cases: list[tuple[list[int], int, int]]) -> str:
     for lengths, pool_size, block_size in cases:
         fill = fill_paged(lengths, pool_size=pool_size, block_size=block_size)
         expected = [fill.requests, fill.tokens_stored, fill.wasted_slots]

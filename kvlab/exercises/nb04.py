@@ -6,6 +6,7 @@ The expected answers come from ``kvlab.lessons.ex04.parallel_sampling`` and
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 from kvlab.exercises.core import NotYet, call, exercise
@@ -21,6 +22,9 @@ PROMPT_LEN, SAMPLES = 50, 4  # exercise 04.1
     assesses="tracing fork and copy-on-write: which blocks stay shared and which samples get copies",
     minutes=6,
     answer_type="list",
+    points=2,
+    difficulty="core",
+    prerequisites=["02.3"],
     hints=[
         "50 tokens take blocks 0-3, and block 3 holds only 2 tokens. The first write goes to position 50: which block?",
         "Samples write in order 0, 1, 2, 3. Each finds the last block shared and copies it to the next free block "
@@ -48,19 +52,30 @@ def tables_after_writes(answer: list[Any]) -> str:
     raise NotYet("Some table is off: only the block where position 50 falls can differ between samples.")
 
 
+def _copy_cases(rng: random.Random | None) -> list[tuple[int, int, int]]:
+    """The notebook's prompts; with ``rng``, eight fresh ones too (the grader's hidden cases)."""
+    cases = [(40, 3, 16), (48, 3, 16), (50, 4, 16), (40, 1, 16), (7, 5, 4), (100, 8, 32), (9, 2, 1)]
+    for _ in range(8 if rng else 0):
+        cases.append((rng.randint(1, 400), rng.randint(1, 9), rng.choice([1, 2, 4, 8, 16, 32])))
+    return cases
+
+
 @exercise(
     "04.2",
     title="How much does copy-on-write copy?",
     assesses="predicting the cost of copy-on-write for any prompt length, sample count and block size",
     minutes=8,
     answer_type="function",
+    cases=_copy_cases,
+    points=2,
+    difficulty="core",
+    prerequisites=["04.1"],
     hints=[
         "Only a partly filled last block is ever copied; a full block is never written again.",
         "The last block holds prompt_len % block_size tokens. Every sample but the last to write copies them.",
     ],
 )
-def entries_copied(answer: Any) -> str:
-    cases = [(40, 3, 16), (48, 3, 16), (50, 4, 16), (40, 1, 16), (7, 5, 4), (100, 8, 32), (9, 2, 1)]
+def entries_copied(answer: Any, cases: list[tuple[int, int, int]]) -> str:
     for prompt_len, n, block_size in cases:
         ex = parallel_sampling(prompt_len, n, block_size=block_size)
         expected = sum(w.copy.num_tokens for w in ex.writes if w.copy is not None)
@@ -79,6 +94,9 @@ def entries_copied(answer: Any) -> str:
     assesses="following reference counts when a sharer leaves: which blocks become free and which stay shared",
     minutes=5,
     answer_type="dict",
+    points=2,
+    difficulty="core",
+    prerequisites=["04.1"],
     hints=[
         "Sample 0's table is [0, 1, 3]. Freeing it lowers the count of each of those blocks by one.",
         "A block whose count reaches 0 returns to the free list; list only the blocks still in use.",

@@ -5,6 +5,7 @@ The expected answers come from ``kvlab.lessons.ex05.shared_prefix``; nothing her
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 from kvlab.exercises.core import NotYet, all_whole, call, exercise
@@ -25,6 +26,9 @@ def _lesson_prompts() -> list[list[int]]:
     assesses="applying the reuse rule to a repeated prompt: every full block of a matching prefix is shared, the partial one is not",
     minutes=5,
     answer_type="list",
+    points=2,
+    difficulty="core",
+    prerequisites=["02.2"],
     hints=[
         "Request 3 is request 1's 90 tokens again. Which of request 1's blocks are full, and so registered for reuse?",
         "Blocks 0-4 of request 1 are full; its block 5 holds 10 tokens and is never shared. "
@@ -61,6 +65,9 @@ def repeated_request_table(answer: list[Any]) -> str:
     assesses="seeing that only whole blocks are matched, so reuse is the system prompt rounded down to a block",
     minutes=4,
     answer_type="int",
+    points=1,
+    difficulty="intro",
+    prerequisites=["05.1"],
     hints=[
         "With 8-token blocks, how many blocks hold only system-prompt tokens (70 of them)?",
         "The block after them mixes the last system-prompt tokens with the question, so it misses; "
@@ -86,19 +93,31 @@ def computed_with_8_token_blocks(answer: int) -> str:
     raise NotYet(f"With 8-token blocks request 2 does not compute {answer} tokens.")
 
 
+def _reuse_cases(rng: random.Random | None) -> list[tuple[int, int]]:
+    """The notebook's prompts; with ``rng``, eight fresh ones too (the grader's hidden cases)."""
+    cases = [(70, 16), (80, 16), (70, 8), (70, 4), (70, 1), (5, 16), (70, 32), (70, 128), (96, 32)]
+    cases += [
+        (rng.randint(1, 500), rng.choice([1, 2, 4, 8, 16, 32, 64, 128])) for _ in range(8 if rng else 0)
+    ]
+    return cases
+
+
 @exercise(
     "05.3",
     title="Reuse for any system prompt and block size",
     assesses="stating the whole-block reuse rule as a formula and checking it against the pool",
     minutes=6,
     answer_type="function",
+    cases=_reuse_cases,
+    points=2,
+    difficulty="core",
+    prerequisites=["05.2"],
     hints=[
         "Only blocks made of system-prompt tokens alone can match, and they must be full.",
         "That is the system prompt rounded down to a whole number of blocks: (system_len // block_size) * block_size.",
     ],
 )
-def reused_tokens(answer: Any) -> str:
-    cases = [(70, 16), (80, 16), (70, 8), (70, 4), (70, 1), (5, 16), (70, 32), (70, 128), (96, 32)]
+def reused_tokens(answer: Any, cases: list[tuple[int, int]]) -> str:
     for system_len, block_size in cases:
         prompts = [system_prompt_request(system_len, 20, 5000), system_prompt_request(system_len, 33, 6000)]
         expected = shared_prefix(prompts, block_size=block_size).requests[1].num_cached_tokens

@@ -5,6 +5,7 @@ The expected answers come from ``kvlab.core.hashing`` and ``kvlab.models.prefix_
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 from kvlab.core.hashing import block_hashes
@@ -28,6 +29,9 @@ def _edited() -> list[int]:
     assesses="predicting the effect of an edit on a hash chain: the block that holds it and every block after it",
     minutes=4,
     answer_type="list",
+    points=1,
+    difficulty="intro",
+    prerequisites=["05.1"],
     hints=[
         "Token 6 is in block 6 // 4 = 1. Its hash covers its tokens, so it changes.",
         "Every later block's hash covers its parent's hash. Remember the base sequence has 3 full blocks (0, 1, 2).",
@@ -55,18 +59,8 @@ def changed_blocks(answer: list[Any]) -> str:
     raise NotYet(f"{sorted(answer)} are not the blocks whose hashes differ after the edit.")
 
 
-@exercise(
-    "06.2",
-    title="Build the chain",
-    assesses="writing the chaining rule: each full block hashed with its parent's hash, block 0 with the fixed seed, partial blocks skipped",
-    minutes=8,
-    answer_type="function",
-    hints=[
-        "Start with parent = none_hash(). For each full block, parent = hash_block(parent, its tokens), and keep it.",
-        "Stop before a block that has fewer than block_size tokens: range(0, len(tokens) - block_size + 1, block_size).",
-    ],
-)
-def chain(answer: Any) -> str:
+def _chain_cases(rng: random.Random | None) -> list[tuple[list[int], int]]:
+    """The notebook's sequences; with ``rng``, eight fresh ones too (the grader's hidden cases)."""
     cases = [
         (list(LESSON_EXAMPLE_6_BASE), 4),
         (_edited(), 4),
@@ -75,6 +69,28 @@ def chain(answer: Any) -> str:
         ([1, 2, 3, 4, 5, 6, 7, 8], 4),
         (list(range(10)), 1),
     ]
+    for _ in range(8 if rng else 0):
+        tokens = [rng.randrange(50_000) for _ in range(rng.randint(0, 80))]
+        cases.append((tokens, rng.choice([1, 2, 3, 4, 8, 16])))
+    return cases
+
+
+@exercise(
+    "06.2",
+    title="Build the chain",
+    assesses="writing the chaining rule: each full block hashed with its parent's hash, block 0 with the fixed seed, partial blocks skipped",
+    minutes=8,
+    answer_type="function",
+    cases=_chain_cases,
+    points=2,
+    difficulty="core",
+    prerequisites=["06.1"],
+    hints=[
+        "Start with parent = none_hash(). For each full block, parent = hash_block(parent, its tokens), and keep it.",
+        "Stop before a block that has fewer than block_size tokens: range(0, len(tokens) - block_size + 1, block_size).",
+    ],
+)
+def chain(answer: Any, cases: list[tuple[list[int], int]]) -> str:
     for tokens, block_size in cases:
         expected = block_hashes(tokens, block_size)
         got = call_for_list(answer, "a list of digests (bytes), one per full block", list(tokens), block_size)
@@ -91,19 +107,29 @@ def chain(answer: Any) -> str:
     return f"It matches kvlab's block_hashes on {len(cases)} sequences, the lesson's base and a partial-only one."
 
 
+def _cap_cases(rng: random.Random | None) -> list[tuple[int, int]]:
+    """The notebook's prompts; with ``rng``, eight fresh ones too (the grader's hidden cases)."""
+    cases = [(64, 16), (65, 16), (90, 16), (15, 16), (16, 16), (17, 16), (1, 4), (48, 4)]
+    cases += [(rng.randint(1, 400), rng.choice([1, 2, 4, 8, 16, 32])) for _ in range(8 if rng else 0)]
+    return cases
+
+
 @exercise(
     "06.3",
     title="vLLM never hits the whole prompt",
     assesses="applying vLLM's prompt_len - 1 cap to whole-block hits",
     minutes=6,
     answer_type="function",
+    cases=_cap_cases,
+    points=2,
+    difficulty="core",
+    prerequisites=["06.2"],
     hints=[
         "At most prompt_len - 1 tokens may come from the cache, because the last one must be computed for the logits.",
         "Hits are whole blocks: round prompt_len - 1 down to a multiple of block_size.",
     ],
 )
-def max_cached_tokens(answer: Any) -> str:
-    cases = [(64, 16), (65, 16), (90, 16), (15, 16), (16, 16), (17, 16), (1, 4), (48, 4)]
+def max_cached_tokens(answer: Any, cases: list[tuple[int, int]]) -> str:
     for prompt_len, block_size in cases:
         cache = PrefixCache(2 * (prompt_len // block_size + 1), block_size)
         tokens = list(range(100, 100 + prompt_len))

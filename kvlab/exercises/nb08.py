@@ -5,6 +5,7 @@ The expected answers come from ``kvlab.models.radix.RadixTree``; nothing here st
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 from kvlab.errors import brief
@@ -37,6 +38,8 @@ def _lesson_tree(page_size: int = 1) -> RadixTree:
     assesses="walking a radix tree by hand: a match follows runs token by token and may stop inside a run",
     minutes=5,
     answer_type="list",
+    points=2,
+    difficulty="core",
     hints=[
         "Walk down from the root: compare the request with a child's run token by token, and stop at the first "
         "token that differs. Only tokens before that point count.",
@@ -73,6 +76,9 @@ def matched_lengths(answer: list[Any]) -> str:
     "a parent left without children becomes a leaf",
     minutes=5,
     answer_type="list",
+    points=2,
+    difficulty="core",
+    prerequisites=["08.1"],
     hints=[
         "Only unlocked leaves can go, and a leaf goes whole. The lesson's first pick, [30, 31], frees 2 tokens. "
         "Is that enough?",
@@ -105,18 +111,8 @@ def evicted_runs(answer: list[Any]) -> str:
     raise NotYet(f"{got} is not what evict({EVICT_TOKENS}) removes.")
 
 
-@exercise(
-    "08.3",
-    title="How many tokens does the tree store?",
-    assesses="seeing that a radix tree stores every distinct prefix once: shared beginnings cost nothing twice",
-    minutes=8,
-    answer_type="function",
-    hints=[
-        "A token is stored once per distinct prefix that ends with it: prompts that start the same share those tokens.",
-        "Collect tuple(prompt[:i]) for every prompt and every i from 1 to len(prompt) in a set; count the set.",
-    ],
-)
-def stored_tokens(answer: Any) -> str:
+def _store_cases(rng: random.Random | None) -> list[list[list[int]]]:
+    """The notebook's prompt sets; with ``rng``, eight fresh ones too (the grader's hidden cases)."""
     cases = [
         [list(p) for p in EXAMPLE_8_PROMPTS],
         [system_prompt_request(70, 20, 5000), system_prompt_request(70, 33, 6000)],
@@ -126,6 +122,29 @@ def stored_tokens(answer: Any) -> str:
         [[5, 6], [7, 8, 9]],
         [[9]],
     ]
+    for _ in range(8 if rng else 0):  # few token ids, so that prompts share beginnings
+        cases.append(
+            [[rng.randint(1, 3) for _ in range(rng.randint(1, 12))] for _ in range(rng.randint(1, 6))]
+        )
+    return cases
+
+
+@exercise(
+    "08.3",
+    title="How many tokens does the tree store?",
+    assesses="seeing that a radix tree stores every distinct prefix once: shared beginnings cost nothing twice",
+    minutes=8,
+    answer_type="function",
+    cases=_store_cases,
+    points=2,
+    difficulty="core",
+    prerequisites=["08.1"],
+    hints=[
+        "A token is stored once per distinct prefix that ends with it: prompts that start the same share those tokens.",
+        "Collect tuple(prompt[:i]) for every prompt and every i from 1 to len(prompt) in a set; count the set.",
+    ],
+)
+def stored_tokens(answer: Any, cases: list[list[list[int]]]) -> str:
     for prompts in cases:
         tree = RadixTree()
         for p in prompts:
@@ -148,6 +167,9 @@ def stored_tokens(answer: Any) -> str:
     assesses="applying page_size: keys are cut to whole pages, and runs split only on page boundaries",
     minutes=6,
     answer_type="list",
+    points=2,
+    difficulty="core",
+    prerequisites=["08.1"],
     hints=[
         "With page_size=4 each key is cut to a multiple of 4 tokens first: an 8-, 9- and 10-token prompt each keep 8.",
         "Prompt 2 keeps [1, 2, 3, 4, 5, 6, 20, 21]: it shares only the page [1, 2, 3, 4] with prompt 1, so the split "

@@ -8,7 +8,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from kvlab.exercises.core import NotYet, exercise
+from kvlab.exercises.core import NotYet, exercise, name_in
 from kvlab.lessons.ex09 import LESSON_LAYOUTS, LESSON_SEGMENTS, LESSON_STABLE_ORDER
 from kvlab.server.layout import AgentSession, LayoutRun, Segment, run_layout, tool_definitions
 
@@ -35,6 +35,9 @@ def _best_timestamp_rate() -> float:
     assesses="applying the hash-chain rule to a layout: fixed parts first, what changes as late as possible",
     minutes=8,
     answer_type="list",
+    points=2,
+    difficulty="core",
+    prerequisites=["06.1"],
     hints=[
         "Reuse stops at the first block that differs from an earlier prompt. Which segments are the same every turn?",
         "Put the fixed parts first. Then ask which parts of this turn's prompt come back at the start of the next "
@@ -44,6 +47,7 @@ def _best_timestamp_rate() -> float:
 def place_timestamp(answer: list[Any]) -> str:
     if not all(isinstance(n, str) for n in answer):
         raise NotYet(f"Give the segment names as strings, e.g. {LESSON_STABLE_ORDER[:2]}.")
+    answer = [name_in(n, LESSON_SEGMENTS) for n in answer]  # "History" is the history
     unknown = [n for n in answer if n not in LESSON_SEGMENTS]
     if unknown:
         raise NotYet(f"Unknown segment name(s) {unknown}: use {list(LESSON_SEGMENTS)}.")
@@ -95,6 +99,9 @@ def _sorted_tools() -> Segment:
     assesses="seeing that a deterministic order, not a particular order, is what keeps a prefix cacheable",
     minutes=4,
     answer_type="number",
+    points=1,
+    difficulty="intro",
+    prerequisites=["09.1"],
     hints=[
         "Compare the tokens the server receives on two turns once the list is sorted. Do they differ?",
         "Sorting after shuffling gives the same order every turn. Which of the lesson's three layouts sends that?",
@@ -126,6 +133,9 @@ def sorted_tools_rate(answer: float) -> str:
     assesses="tracing one turn of a stable layout: the previous prompt is cached up to its last full block",
     minutes=6,
     answer_type="int",
+    points=2,
+    difficulty="core",
+    prerequisites=["09.1"],
     hints=[
         "The previous prompt (turn index 9) is a prefix of this one. Which of its tokens sit in full 16-token blocks?",
         "Prompt sizes are 830 + 120 × turn index. Cached = the previous prompt rounded down to a multiple of 16; "

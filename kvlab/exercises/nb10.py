@@ -35,6 +35,9 @@ LOOKALIKE_FIRST = {"coder": "List the files in src.", "planner": "Plan a weekend
     assesses="applying the slot rule: the slot holds the previous prompt and all sampled tokens but the last",
     minutes=5,
     answer_type="list",
+    points=2,
+    difficulty="core",
+    prerequisites=["06.3"],
     hints=[
         "After turn 4 the slot holds turn 4's prompt and the tokens sampled for it, except one.",
         "Turn 5's prompt grows by 22 tokens as before: the 8-token reply, the template tokens and a 4-token "
@@ -75,6 +78,9 @@ def turn_five(answer: list[Any]) -> str:
     assesses="why the last sampled token is missing from the slot: a token's KV exists only once it is processed",
     minutes=4,
     answer_type="int",
+    points=1,
+    difficulty="intro",
+    prerequisites=["10.1"],
     hints=[
         "A token gets keys and values when the model processes it as input. When was the sampled token processed?",
         "With max_tokens 1 the request stops right after sampling, so the sampled token never goes back in.",
@@ -121,6 +127,9 @@ def _first_requests() -> dict[str, RequestRecord]:
     assesses="llama-server's slot choice: the similarity test on idle slots with tokens comes before LRU",
     minutes=6,
     answer_type="list",
+    points=2,
+    difficulty="core",
+    prerequisites=["10.1"],
     hints=[
         "The similarity test comes first and looks only at idle slots that hold tokens. Slot 0 holds none yet.",
         "Count the tokens the planner's prompt shares with slot 1 from the start (template and words), "

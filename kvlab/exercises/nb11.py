@@ -39,6 +39,8 @@ SAME_SIZE_SHAPE = ModelShape(4, 4, 16, "f16")  # as many KV bytes per token as t
     assesses="computing a slot file's size from a model's shape: K and V per layer, id and metadata, header",
     minutes=6,
     answer_type="int",
+    points=2,
+    difficulty="core",
     hints=[
         "Per token: K and V (2) × layers × KV heads × head size × 2 bytes (F16), plus 4 + 12 bytes of id and metadata.",
         "Multiply by the tokens, then add the fixed part: header_bytes(shape) is the 64-byte header plus "
@@ -71,6 +73,9 @@ def file_size(answer: int) -> str:
     assesses="comparing a read at disk bandwidth with a recompute at a FLOP rate, and seeing the prefix length cancel",
     minutes=8,
     answer_type="number",
+    points=2,
+    difficulty="core",
+    prerequisites=["11.1"],
     hints=[
         "Reading and recomputing both grow in proportion to the number of tokens, so the answer does not depend on it.",
         "Take offload_estimate(748, 131_072): the disk speed that reads file_bytes in gpu_recompute_ms "
@@ -150,6 +155,9 @@ def _refused() -> list[int]:
     assesses="knowing what makes a slot file unusable: path names, another model or cache type, damage, size",
     minutes=6,
     answer_type="list",
+    points=2,
+    difficulty="core",
+    prerequisites=["11.1"],
     hints=[
         "A slot file is raw KV values plus the tokens they belong to. What must match for those values to mean anything?",
         "Refused: files from another model shape or cache type (even one with the same bytes per token), damaged "

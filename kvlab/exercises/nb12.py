@@ -34,6 +34,9 @@ CHAT_SHARED, CHAT_TOTAL = 400, 420
     assesses="applying llama-server's checkpoint rule: ends at or before the reuse point, starts early enough",
     minutes=5,
     answer_type="list",
+    points=2,
+    difficulty="core",
+    prerequisites=["10.1"],
     hints=[
         "Two conditions, both needed: pos_max <= n_past, and pos_min < n_past - 128 (or pos_min == 0).",
         "Work out n_past - 128 for each case first: 1,272 for A and B, 222 for C and D.",
@@ -103,6 +106,9 @@ def _smallest_ring_reuse() -> int:
     assesses="reading the ring's contents and the server's strict test: when the SWA cells alone can continue a prompt",
     minutes=8,
     answer_type="int",
+    points=2,
+    difficulty="core",
+    prerequisites=["12.1"],
     hints=[
         "After the 1,841-token prompt the SWA cells hold positions 1,073 to 1,840. To continue at n the server "
         "needs positions from n - 128.",
@@ -152,6 +158,9 @@ def smallest_ring_reuse(answer: int) -> str:
     assesses="predicting llama-server's checkpoint placement near the end of a /completion prompt",
     minutes=5,
     answer_type="list",
+    points=2,
+    difficulty="core",
+    prerequisites=["12.1"],
     hints=[
         "For 1,841 tokens they were taken at 1,325 and 1,837 tokens; for 1,800 at 1,284 and 1,796. "
         "How far is each from the end?",
@@ -198,6 +207,9 @@ def _chat_second() -> tuple[int, int, int]:
     assesses="tracing a checkpoint restore: which checkpoint serves, and where processing starts again",
     minutes=7,
     answer_type="list",
+    points=2,
+    difficulty="core",
+    prerequisites=["12.3"],
     hints=[
         "The ring cannot serve a reuse point this far back, so the server looks through its checkpoints, "
         "newest first. Which one ends by the reuse point?",

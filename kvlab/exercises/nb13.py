@@ -32,6 +32,9 @@ LAST_KEPT = 3  # 13.3: the last three results stay in full
     assesses="predicting the cost of trimming at the front: each trimmed turn reprocesses the whole kept history",
     minutes=6,
     answer_type="int",
+    points=2,
+    difficulty="core",
+    prerequisites=["09.1"],
     hints=[
         "Until the history is full (3 results) the prompt only grows: 2,400 on turn 1, then 400 a turn.",
         "From turn 4 on, the oldest result leaves from the front, so the prompt differs right after the 2,000-token "
@@ -79,6 +82,9 @@ def _clock_at_end(prefix: Sequence[int], results: Sequence[Sequence[int]]) -> li
     assesses="measuring how far one changing value in the prompt reaches: everything after it is processed again",
     minutes=8,
     answer_type="list",
+    points=2,
+    difficulty="core",
+    prerequisites=["13.1"],
     hints=[
         "The cache keeps the longest common prefix with the previous prompt. Where is the first token that differs?",
         "Clock early: each turn processes everything after token 100 (the clock, the rest of the prefix, all "
@@ -137,6 +143,9 @@ def _arguments(turn: int) -> tuple[_Shown, _Shown]:
     assesses="designing a context policy: compact rarely and in large steps, keep the prefix and recent work intact",
     minutes=15,
     answer_type="function",
+    points=3,
+    difficulty="stretch",
+    prerequisites=["13.2"],
     hints=[
         "Dropping a little from the front every turn reprocesses the whole kept history every turn (that is keep-last-N). "
         "Change the front rarely instead.",

@@ -9,6 +9,7 @@ here states them. torch is imported inside the checkers, so importing
 from __future__ import annotations
 
 import math
+import random
 from functools import cache
 from typing import Any
 
@@ -43,6 +44,9 @@ def _torch() -> Any:
     assesses="following the paged kernel's address computation: block table entry, offset, row of the flat pool",
     minutes=4,
     answer_type="int",
+    points=1,
+    difficulty="intro",
+    prerequisites=["02.3"],
     hints=[
         "The kernel finds token p in physical block table[p // block_size], at offset p % block_size inside it.",
         "Viewed as one long list of rows, the pool puts physical block b's offset o at row b * block_size + o.",
@@ -82,6 +86,9 @@ def row_read(answer: int) -> str:
     assesses="sizing the paged KV cache: bytes per token from the model's shape, whole blocks per sequence",
     minutes=5,
     answer_type="int",
+    points=2,
+    difficulty="core",
+    prerequisites=["14.1"],
     hints=[
         "One token stores a key and a value, in every layer, for every KV head, head_dim numbers each, "
         "4 bytes per float32 number.",
@@ -121,21 +128,29 @@ def kv_bytes(answer: int) -> str:
 
 
 @cache  # the same three batches for every try; the student's function gets copies
-def _merge_cases(torch: Any) -> list[tuple[str, tuple[Any, ...], Any]]:
+def _merge_cases(torch: Any, rng: random.Random | None = None) -> list[tuple[str, tuple[Any, ...], Any]]:
     """(name, (out_a, lse_a, out_b, lse_b), full attention) for a few ragged batches split at a block boundary.
 
     Both parts and the whole come from ``paged_attention(impl="reference")``; the
-    parts' log-sum-exps are the log of each part's softmax denominator.
+    parts' log-sum-exps are the log of each part's softmax denominator. With ``rng``, two
+    more batches of random shapes are added (the grader's hidden cases).
     """
     from kvlab.engine import paged_attention
     from kvlab.engine.attention import gather_sequence
 
-    cases = []
-    for name, lens, block, heads, kv_heads, q_scale, seed in (
+    specs = [
         ("3 sequences, 16-token blocks, 8 query / 2 KV heads", [20, 45, 129], 16, 8, 2, 1.0, 0),
         ("2 sequences, 4-token blocks, 4 query / 4 KV heads", [9, 33], 4, 4, 4, 1.0, 1),
         ("large scores (each log-sum-exp near 10^3)", [40, 70], 16, 4, 2, 300.0, 2),
-    ):
+    ]
+    for k in range(2 if rng else 0):
+        block = rng.choice([2, 4, 8, 16])
+        kv_heads = rng.choice([1, 2, 4])
+        lens = [rng.randint(block + 1, 6 * block) for _ in range(rng.randint(1, 4))]  # two blocks at least
+        specs.append((f"hidden batch {k + 1}", lens, block, kv_heads * rng.choice([1, 2, 4]), kv_heads,
+                      rng.choice([1.0, 40.0]), rng.randrange(10**6)))  # fmt: skip
+    cases = []
+    for name, lens, block, heads, kv_heads, q_scale, seed in specs:
         gen = torch.Generator().manual_seed(seed)
         dim = 16
         blocks = [cdiv(n, block) for n in lens]
@@ -186,6 +201,10 @@ def _merge_cases(torch: Any) -> list[tuple[str, tuple[Any, ...], Any]]:
     assesses="the online-softmax merge behind split-K decode kernels: rescaling partial results by their log-sum-exp",
     minutes=12,
     answer_type="function",
+    cases=lambda rng: _merge_cases(_torch(), rng),
+    points=3,
+    difficulty="stretch",
+    prerequisites=["14.1"],
     hints=[
         "Each part's output is already divided by its own softmax denominator, exp(lse). "
         "The whole output weights each part by its share of the total denominator.",
@@ -193,9 +212,9 @@ def _merge_cases(torch: Any) -> list[tuple[str, tuple[Any, ...], Any]]:
         "exponentials first so that large scores cannot overflow; add [..., None] to broadcast over head_dim.",
     ],
 )
-def merge_partials(answer: Any) -> str:
+def merge_partials(answer: Any, cases: list[tuple[str, tuple[Any, ...], Any]]) -> str:
     torch = _torch()
-    for name, (out_a, lse_a, out_b, lse_b), full in _merge_cases(torch):
+    for name, (out_a, lse_a, out_b, lse_b), full in cases:
         got = call(answer, out_a.clone(), lse_a.clone(), out_b.clone(), lse_b.clone())
         if isinstance(got, tuple):
             raise NotYet(
@@ -263,6 +282,9 @@ def _chat_counters(cache: str) -> list[Any]:
     assesses="predicting reuse on a real engine: the slot rule (previous + max_tokens - 1) against whole cached blocks",
     minutes=6,
     answer_type="list",
+    points=2,
+    difficulty="core",
+    prerequisites=["10.1"],
     hints=[
         "Slot mode keeps the previous prompt and every sampled token but the last. Blocks mode caches a block "
         "once it is full, prompt or reply, and can only reuse whole blocks.",

@@ -49,6 +49,9 @@ def _check_percent(answer: float, expected: float, others: dict[str, FleetConfig
     "then measuring it on the fleet",
     minutes=5,
     answer_type="number",
+    points=2,
+    difficulty="core",
+    prerequisites=["09.1"],
     hints=[
         "FleetConfig has a header option with three places for the timestamp; keep every other setting "
         "as in the lesson (200 users, 20,000 blocks).",
@@ -75,6 +78,9 @@ def timestamp_before_message(answer: float) -> str:
     "and with a salt per user",
     minutes=5,
     answer_type="number",
+    points=2,
+    difficulty="core",
+    prerequisites=["15.1"],
     hints=[
         "Use salt='tenant' with tenants=10: 200 users in groups of 20 share a salt.",
         "simulate(FleetConfig(salt='tenant', tenants=10)).hit_rate, in percent.",
@@ -96,6 +102,9 @@ def salt_per_tenant(answer: float) -> str:
     assesses="explaining why routing decides hits in a fleet: a prefix only helps on the replica that holds it",
     minutes=10,
     answer_type="dict",
+    points=2,
+    difficulty="core",
+    prerequisites=["15.1"],
     hints=[
         "Two runs with replicas=4 and the lesson's 20,000 blocks (5,000 per replica); only routing differs.",
         "Give {'round-robin': ..., 'user-hash': ...} with each hit rate in percent.",
@@ -154,6 +163,9 @@ def _same_prompt_twice(num_tokens: int, block_size: int) -> tuple[int, int]:
     assesses="applying both rounding rules (whole blocks, the last token always computed) to a repeated prompt",
     minutes=10,
     answer_type="list",
+    points=2,
+    difficulty="core",
+    prerequisites=["06.3"],
     hints=[
         "The last prompt token is always computed, so at most 1,999 tokens can come from the cache.",
         "Hits come in whole 16-token blocks: how many full blocks fit in 1,999 tokens?",

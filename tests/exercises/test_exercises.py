@@ -15,6 +15,7 @@ import pytest
 import kvlab.exercises as ex
 from kvlab.errors import InvalidArgumentError, KvlabError
 from kvlab.exercises import core
+from kvlab.exercises import result as result_module
 from kvlab.lessons.compare import compare_table
 from kvlab.lessons.course import COURSE
 
@@ -79,7 +80,8 @@ def test_modules_named_nbNN_are_discovered(tmp_path, monkeypatch):
     (pkg / "__init__.py").write_text(Path(ex.__file__).read_text())
     (pkg / "nb42.py").write_text(
         "from kvlab.exercises.core import exercise\n"
-        "@exercise('42.1', title='t', assesses='a', minutes=1, answer_type='int', hints=['h'])\n"
+        "@exercise('42.1', title='t', assesses='a', minutes=1, answer_type='int', hints=['h'],\n"
+        "          points=1, difficulty='intro')\n"
         "def _(answer):\n    return None\n"
     )
     (pkg / "helpers.py").write_text("raise AssertionError('only nbNN modules are imported')\n")
@@ -103,6 +105,12 @@ def test_modules_named_nbNN_are_discovered(tmp_path, monkeypatch):
         ({"answer_type": "float"}, "answer_type must be one of"),
         ({"hints": []}, "hints must be a non-empty list"),
         ({"hints": "one string"}, "hints must be a non-empty list"),
+        ({"points": 0}, "points must be an int from 1 to 20"),
+        ({"points": 2.0}, "points must be an int from 1 to 20"),
+        ({"difficulty": "hard"}, "difficulty must be one of intro, core, stretch"),
+        ({"prerequisites": ["99.2"]}, "prerequisites must be a list of earlier exercise ids"),
+        ({"prerequisites": "01.1"}, "prerequisites must be a list of earlier exercise ids"),
+        ({"cases": lambda rng: []}, "only a function exercise takes cases="),
     ],
 )
 def test_registration_rejects_bad_declarations(kwargs, message):
@@ -113,6 +121,8 @@ def test_registration_rejects_bad_declarations(kwargs, message):
         "minutes": 3,
         "answer_type": "int",
         "hints": ["h"],
+        "points": 1,
+        "difficulty": "core",
     }
     args.update(kwargs)
     before = dict(core._REGISTRY)
@@ -185,7 +195,8 @@ def test_a_function_that_still_returns_the_placeholder_is_not_done_yet(log):
         ("01.2", 892, "a list"),
         ("01.2", "100, 400, 892", "a list"),
         ("01.3", 5842, "a function"),
-        ("00.1", 4.0, "a whole number"),
+        ("00.1", 4.5, "a whole number"),
+        ("00.1", "4", "a whole number"),
     ],
 )
 def test_a_wrong_type_is_not_yet_and_names_the_expected_type(exercise_id, answer, expects, log):
@@ -223,7 +234,16 @@ def test_student_code_that_raises_is_reported_not_raised(log):
 
 
 def test_a_checker_that_trips_on_an_odd_answer_is_not_yet_without_a_traceback(log):
-    @ex.exercise("99.1", title="t", assesses="a", minutes=1, answer_type="list", hints=["h"])
+    @ex.exercise(
+        "99.1",
+        title="t",
+        assesses="a",
+        minutes=1,
+        answer_type="list",
+        hints=["h"],
+        points=1,
+        difficulty="core",
+    )
     def fussy(answer):
         return answer[0] + 1
 
@@ -250,7 +270,7 @@ def test_a_log_that_cannot_be_written_only_warns(monkeypatch, tmp_path):
 
 def test_results_show_once_in_a_notebook(monkeypatch):
     published = []
-    monkeypatch.setattr(core, "_ipython_shell", lambda: object())
+    monkeypatch.setattr(result_module, "_ipython_shell", lambda: object())
     monkeypatch.setattr("IPython.display.publish_display_data", lambda data: published.append(data))
     result = ex.check("00.1", 3)
     result._ipython_display_()  # what IPython does when check(...) ends a cell
@@ -286,11 +306,13 @@ def test_compare_table_rejects_malformed_rows(rows):
 
 
 def test_instructors_page_is_up_to_date():
-    spec = importlib.util.spec_from_file_location("instructors_page", ROOT / "tools" / "instructors_page.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert (ROOT / "docs" / "instructors.md").read_text() == module.render(), (
-        "docs/instructors.md is out of date: run python tools/instructors_page.py"
+    from kvlab.exercises.instructors import render
+
+    page = render()
+    assert (ROOT / "docs" / "instructors.md").read_text() == page, (
+        "docs/instructors.md is out of date: run python -m kvlab grade --instructors-doc docs/instructors.md"
     )
     for e in ex.exercises():
-        assert f"| {e.id} | {e.title} | {e.assesses} |" in module.render()
+        assert (
+            f"| {e.id} | {e.title} | {e.assesses} | {e.answer_type} | {e.difficulty} | {e.points} |" in page
+        )

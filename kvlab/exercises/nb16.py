@@ -1,0 +1,204 @@
+"""Exercises of notebook 16, your own server and traffic (the capstone).
+
+Every exercise asks for a prediction first or checks a design against kvlab's models: the trace
+prediction comes from ``kvlab.traces`` on the recorded two-tenant chat, the prices and hit rates from
+``kvlab.lessons.capstone``; nothing here states an answer. The function exercises (16.3, 16.4) are
+re-run by the grader on sessions and traffic drawn for each grading run.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from typing import Any
+
+from kvlab.exercises.core import NotYet, call, exercise, whole
+from kvlab.lessons import capstone
+from kvlab.traces import predict_trace, read_trace
+
+COST_FACTOR = 0.8  # 16.3: at most this share of append-only's cost
+ROUTER_TOLERANCE = 0.05  # 16.4: a hit rate this far under user-hash's still counts
+LOAD_BOUND = 1.10  # 16.4: the busiest replica's requests over the mean
+
+
+@exercise(
+    "16.1",
+    title="Predict a server's cached tokens, then reveal",
+    assesses="predicting vLLM's cached_tokens from a trace: the shared prefix, in whole blocks, at most prompt - 1",
+    minutes=8,
+    answer_type="int",
+    points=2,
+    difficulty="core",
+    prerequisites=["06.1"],
+    hints=[
+        "The cache holds turn 1's prompt and its reply but the reply's last token; turn 2 starts with all of it.",
+        "Count the tokens turn 2 shares with what turn 1 left cached, then round down to whole 16-token blocks.",
+    ],
+)
+def trace_prediction(answer: int) -> str:
+    report = predict_trace(
+        read_trace(capstone.sample_trace_path()), server="vllm", block_size=16, num_blocks=64
+    )
+    row = report.rows[1]
+    expected = row.predicted["cached_tokens"]
+    if answer == expected:
+        return f"{expected} tokens: {row.explanation}"
+    first = read_trace(capstone.sample_trace_path()).exchanges[0]
+    if answer == len(first.prompt) // 16 * 16:
+        raise NotYet("That counts turn 1's prompt only; its reply (but its last token) was cached too.")
+    if answer == (len(first.prompt) + len(first.output)) // 16 * 16 != expected:
+        raise NotYet("Nearly: the reply's last token never entered the cache (no step computed its K/V).")
+    if answer % 16:
+        raise NotYet("vLLM reuses whole 16-token blocks: the answer is a multiple of 16.")
+    raise NotYet(f"{answer} is not what vLLM's block hashing reuses on alice's second turn.")
+
+
+@exercise(
+    "16.2",
+    title="Predict what the naive layout gets from the cache",
+    assesses="seeing that a volatile early token leaves only the blocks before it cached, turn after turn",
+    minutes=6,
+    answer_type="int",
+    points=2,
+    difficulty="core",
+    prerequisites=["09.1"],
+    hints=[
+        "Only whole blocks before the first token that changes can be found; count those blocks per turn.",
+        "The first turn finds nothing (the cache is empty); every later turn finds the same whole blocks before "
+        "the timestamp's minutes.",
+    ],
+)
+def naive_cached_tokens(answer: int) -> str:
+    session = capstone.agent_session()
+    cost = capstone.price_session(session, capstone.naive_layout)
+    expected = cost.cached_tokens
+    if answer == expected:
+        return (
+            f"{expected:,} of {cost.prompt_tokens:,} prompt tokens (a hit rate of {cost.hit_rate:.2%}): the "
+            "timestamp's minutes change the second block every turn, so only the first block is ever found."
+        )
+    per_turn = expected // (session.turns - 1)
+    if answer == 0:
+        raise NotYet("Not quite nothing: the blocks before the first changing token are found every turn.")
+    if answer == per_turn * session.turns:
+        raise NotYet("Nearly: the first turn finds nothing, the cache is still empty.")
+    if answer % 16:
+        raise NotYet("vLLM reuses whole 16-token blocks: the answer is a multiple of 16.")
+    raise NotYet(f"{answer:,} is not what the naive layout finds in the cache over {session.turns} turns.")
+
+
+def _session_cases(rng: random.Random | None) -> list[tuple[int, int]]:
+    """(seed, calls) of each session: the notebook's two, and with ``rng`` one fresh one (the grader's, hidden).
+
+    One hidden session, not more: pricing a session takes about a second, and the check's time limit
+    (``kvlab.exercises.core.FUNCTION_SECONDS``) covers the whole check.
+    """
+    return [(16, 48), (7, 48)] + ([(rng.randrange(1000, 10**6), 48)] if rng else [])
+
+
+@functools.lru_cache(maxsize=8)
+def _append_only_cost(seed: int, calls: int) -> capstone.SessionCost:
+    return capstone.price_session(capstone.agent_session(seed, calls), capstone.append_only_layout)
+
+
+@exercise(
+    "16.3",
+    title="A cheaper layout that keeps what the agent needs",
+    assesses="designing an agent's prompt layout and history policy for a prefix cache, priced in dollars",
+    minutes=20,
+    answer_type="function",
+    cases=_session_cases,
+    points=4,
+    difficulty="stretch",
+    prerequisites=["13.3", "16.2"],
+    hints=[
+        "Start from append-only: a fixed front (system prompt, tools in one order, task), then every call appended.",
+        "Append-only keeps every large result forever. Replace old results by a one-line stub, but only every few "
+        "turns and all at once, keeping the last 5 verbatim.",
+    ],
+)
+def cheaper_layout(answer: Any, cases: list[tuple[int, int]]) -> str:
+    lines = []
+    for seed, calls in cases:
+        session = capstone.agent_session(seed, calls)
+
+        def layout(s: capstone.AgentSession, turn: int) -> Any:
+            messages = call(answer, s, turn)
+            if not isinstance(messages, (list, tuple)) or not all(isinstance(m, dict) for m in messages):
+                raise NotYet(f"layout(session, {turn}) must return a list of {{'role', 'content'}} dicts.")
+            return messages
+
+        kept, why = capstone.information_kept(session, layout)
+        if not kept:
+            raise NotYet(f"Information lost (session {seed}): {why}.")
+        cost = capstone.price_session(session, layout)
+        baseline = _append_only_cost(seed, calls)
+        limit = COST_FACTOR * baseline.dollars
+        if cost.dollars >= limit:
+            raise NotYet(
+                f"Session {seed}: ${cost.dollars:.4f} (hit rate {cost.hit_rate:.2f}); it must cost below "
+                f"${limit:.4f}, {COST_FACTOR:.0%} of append-only's ${baseline.dollars:.4f}."
+            )
+        lines.append(f"${cost.dollars:.4f} against append-only's ${baseline.dollars:.4f}")
+    return "Everything kept, and cheaper: " + "; ".join(lines) + "."
+
+
+def _traffic_cases(rng: random.Random | None) -> list[tuple[int, int]]:
+    """(seed, users) of the traffic: the notebook's, and with ``rng`` two fresh ones (the grader's, hidden)."""
+    return [(1, 48)] + ([(rng.randrange(2, 10**6), 48) for _ in range(2)] if rng else [])
+
+
+def _routed(router: Any, **options: Any) -> capstone.RoutingResult:
+    """``route_fleet`` with the student's router; what the router did wrong comes back as NotYet."""
+    try:
+        return capstone.route_fleet(router, **options)
+    except Exception as exc:
+        if exc.__cause__ is not None:  # what the student's router did (call() made it NotYet or not done)
+            raise exc.__cause__ from None
+        raise
+
+
+@exercise(
+    "16.4",
+    title="Write a prefix-aware router",
+    assesses="routing for cache hits within a load bound, as cache-aware routers do",
+    minutes=20,
+    answer_type="function",
+    cases=_traffic_cases,
+    points=3,
+    difficulty="stretch",
+    prerequisites=["16.2"],
+    hints=[
+        "Each replica view says how much of the prompt it has cached (replica.cached_tokens) and its load "
+        "(replica.requests).",
+        "Prefer the most cached tokens, but only among replicas that would stay within 1.10 times the mean load "
+        "(count this request too).",
+    ],
+)
+def prefix_router(answer: Any, cases: list[tuple[int, int]]) -> str:
+    lines = []
+    for seed, users in cases:
+
+        def router(request: Any, replicas: Any) -> int:
+            choice = call(answer, request, replicas)
+            if not whole(choice):
+                raise NotYet(f"router must return a replica index (an int), got {choice!r}.")
+            return int(choice)
+
+        mine = _routed(router, seed=seed, users=users, name="yours")
+        by_user = capstone.route_fleet(capstone.user_hash, seed=seed, users=users)
+        if mine.hit_rate < by_user.hit_rate - ROUTER_TOLERANCE:
+            raise NotYet(
+                f"Traffic {seed}: hit rate {mine.hit_rate:.3f}, more than {ROUTER_TOLERANCE} below user-hash's "
+                f"{by_user.hit_rate:.3f} (busiest replica {mine.imbalance:.2f}x the mean): send a request where "
+                "its prefix is cached whenever the load allows."
+            )
+        if mine.imbalance > LOAD_BOUND:
+            raise NotYet(
+                f"Traffic {seed}: the busiest replica took {mine.imbalance:.2f} times the mean load; "
+                f"keep it at most {LOAD_BOUND}."
+            )
+        lines.append(
+            f"hit rate {mine.hit_rate:.3f} (user-hash {by_user.hit_rate:.3f}), load {mine.imbalance:.2f}x"
+        )
+    return "Good routing: " + "; ".join(lines) + "."
