@@ -1,4 +1,4 @@
-"""Command line: ``python -m kvlab replay|fleet|chat|trace ...``.
+"""Command line: ``python -m kvlab replay|fleet|chat|serve|fleet-up|grade|trace ...``.
 
 Each subcommand lives in its own module and is imported only when used, so
 ``replay`` never pays for torch.
@@ -16,7 +16,13 @@ COMMANDS = {
     ),
     "fleet": ("kvlab.cli.fleet", "Simulate prefix caching for a fleet of chat users (lesson 002)."),
     "chat": ("kvlab.cli.chat", "Run an agent-like chat on the tiny real engine and print cache counters."),
+    "serve": ("kvlab.cli.serve", "Serve the tiny engine over HTTP: OpenAI and llama-server APIs, metrics."),
+    "fleet-up": ("kvlab.cli.fleet_up", "Start several kvlab serve replicas behind a cache-aware router."),
     "trace": ("kvlab.cli.trace", "Predict a real server's cache counters for a trace of its requests."),
+    "grade": (
+        "kvlab.cli.grade",
+        "Grade a class's notebooks outside the students' kernels (CSV, Gradescope).",
+    ),
 }
 
 

@@ -5,7 +5,8 @@ requests were sent (``kvlab.traces.read`` lists the other accepted lines and the
 ``-`` reads standard input. ``--server`` picks the model (``auto``: llama-server when the responses
 carry ``timings``, vLLM's block hashing otherwise); ``--block-size``, ``--num-blocks``, ``--slots``
 and ``--n-ctx`` give what the trace does not say. ``--json`` prints a list of ``{"index", "reported",
-"predicted", "match", "explanation"}``. A malformed file exits 2 with one line naming the line.
+"predicted", "match", "explanation"}``, one per request, then one per checkpoint (``"index": null``,
+``"checkpoint": true``); what was assumed goes to standard error. A malformed file exits 2 with one line naming the line.
 """
 
 from __future__ import annotations
@@ -65,10 +66,17 @@ def format_report(report: TraceReport) -> str:
             return "-"
         if "error" in d:
             return f"error {d['error']}"
+        if "hits" in d:  # a /metrics checkpoint: hits/queries between two scrapes
+            return f"{d['hits']:g}/{d['queries']:g} tokens"
+        if not d:
+            return "-"
         text = f"{d.get('cached_tokens')}/{d.get('prompt_tokens')}"
         return text + (f" slot {d['slot']}" if d.get("slot") is not None else "")
 
-    lines = [f"model: {report.server}   (cached/prompt tokens; agree: {report.matched} of {report.compared})"]
+    checked = (*report.rows, *report.checkpoints)
+    agree = sum(1 for r in checked if r.match)
+    compared = sum(1 for r in checked if r.match is not None)
+    lines = [f"model: {report.server}   (cached/prompt tokens; agree: {agree} of {compared})"]
     lines.append(f"{'#':>4}  {'line':>5}  {'reported':<20}{'predicted':<20}agree")
     for r in (*report.rows, *report.checkpoints):
         mark = {True: "yes", False: "NO", None: "-"}[r.match]
@@ -102,7 +110,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # --help
         return int(exc.code or 0)
     rows = [r.as_dict() for r in report.rows]
+    rows += [{**r.as_dict(), "index": None, "checkpoint": True} for r in report.checkpoints]
     text = dumps(rows) if args.json else format_report(report)
+    if args.json:  # what was assumed still reaches the reader, beside the JSON
+        for note in report.assumptions:
+            print(f"kvlab trace: assumed: {note}", file=sys.stderr)
     try:
         print(text)
     except BrokenPipeError:

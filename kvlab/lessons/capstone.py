@@ -21,11 +21,16 @@ tool results verbatim.
 
 **The router.** ``route_fleet(router)`` sends lesson 002's chat traffic to ``replicas`` replicas,
 each with a quarter (for four) of the cache, through any routing function
-``router(request, replicas) -> index``; each ``ReplicaView`` can say how many of the prompt's tokens
-it has cached (``cached_tokens``, a probe that changes nothing) and how many requests it took.
-``round_robin``, ``user_hash`` and ``longest_prefix`` (the most cached tokens, within a load bound)
-are the three to compare. Real routers: SGLang's ``sglang-router`` (``cache_aware``: an approximate
+``router(request, replicas) -> index``; each ``ReplicaView`` says how many of the prompt's tokens the
+replica has cached (``cached_tokens``, probed before the call: a probe changes nothing) and how many
+requests it took (``requests``).
+``round_robin``, ``user_hash``, ``most_cached`` (greedy: it piles everyone onto the replica that
+caches the system prompt first) and ``longest_prefix`` (the most cached tokens, within a load bound)
+are the routers to compare. Real routers: SGLang's ``sglang-router`` (``cache_aware``: an approximate
 radix tree per worker and load-balance thresholds) and vLLM's ``vllm-router``.
+
+Kept as one module (just over 500 lines): the three parts are notebook 16's problems and share its
+cache settings; each is a few small functions.
 """
 
 from __future__ import annotations
@@ -33,10 +38,10 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from kvlab.core.chat_format import Tokenizer, render
+from kvlab.core.chat_format import Tokenizer, as_messages, render_text
 from kvlab.errors import InvalidArgumentError, KvlabError, brief, check_int
 from kvlab.fleet.traffic import chat_traffic, prompts_and_answers
 from kvlab.models.prefix_cache import PrefixCache
@@ -273,11 +278,18 @@ def session_prompts(session: AgentSession, layout: Layout) -> list[tuple[int, ..
             f"layout must be a function (session, turn) -> messages, got {brief(layout)}"
         )
     tok = Tokenizer()
+    known: dict[tuple[str, str], list[int]] = {}  # a message repeats turn after turn: encode it once
+    opening = tok.encode(render_text([], add_generation_prompt=True))
     prompts = []
     for t in range(session.turns):
         try:
-            messages = layout(session, t)
-            prompts.append(render(messages, tok).tokens)
+            tokens: list[int] = []
+            for m in as_messages(layout(session, t)):
+                key = (m.role, m.content)
+                if key not in known:
+                    known[key] = tok.encode(render_text([m], add_generation_prompt=False))
+                tokens += known[key]
+            prompts.append(tuple(tokens + opening))  # the same tokens as chat_format.render
         except KvlabError as exc:
             raise InvalidArgumentError(
                 f"layout(session, {t}) gave messages kvlab cannot render: {exc}"
@@ -345,16 +357,17 @@ class RoutedRequest:
     prompt: tuple[int, ...]
 
 
-@dataclass
+@dataclass(frozen=True)
 class ReplicaView:
-    """What a router may ask a replica: its cached prefix for a prompt, and how many requests it took."""
+    """What a router sees of a replica: how many of this request's prompt tokens it has cached, and its load.
+
+    Plain numbers, probed before the router is called (a probe changes nothing in the cache), so a
+    router can run anywhere, in another process too.
+    """
 
     index: int
-    _cache: PrefixCache = field(repr=False)
-    requests: int = 0
-
-    def cached_tokens(self, prompt: Sequence[int]) -> int:
-        return self._cache.probe(list(prompt)).num_cached_tokens
+    cached_tokens: int  # of this request's prompt, in whole blocks, as the replica would reuse them
+    requests: int  # requests it took so far
 
 
 @dataclass(frozen=True)
@@ -392,11 +405,16 @@ def user_hash(request: RoutedRequest, replicas: Sequence[ReplicaView]) -> int:
     return int.from_bytes(digest, "big") % len(replicas)
 
 
+def most_cached(request: RoutedRequest, replicas: Sequence[ReplicaView]) -> int:
+    """Greedy: the replica with the most cached tokens, whatever its load (ties: the lowest index)."""
+    return max(replicas, key=lambda r: (r.cached_tokens, -r.index)).index
+
+
 def longest_prefix(request: RoutedRequest, replicas: Sequence[ReplicaView], load_bound: float = 1.25) -> int:
     """The replica with the most cached tokens among those within ``load_bound`` x the mean load."""
     mean = (sum(r.requests for r in replicas) + 1) / len(replicas)
     allowed = [r for r in replicas if r.requests + 1 <= load_bound * mean] or list(replicas)
-    return max(allowed, key=lambda r: (r.cached_tokens(request.prompt), -r.requests, -r.index)).index
+    return max(allowed, key=lambda r: (r.cached_tokens, -r.requests, -r.index)).index
 
 
 def route_fleet(
@@ -419,7 +437,8 @@ def route_fleet(
     replicas = check_int("replicas", replicas, minimum=1, maximum=64)
     capacity_blocks = check_int("capacity_blocks", capacity_blocks, minimum=replicas, maximum=1 << 20)
     traffic = chat_traffic(users=users, turns=turns, seed=seed, system_tokens=system_tokens)
-    views = [ReplicaView(i, PrefixCache(capacity_blocks // replicas, block_size)) for i in range(replicas)]
+    caches = [PrefixCache(capacity_blocks // replicas, block_size) for _ in range(replicas)]
+    taken = [0] * replicas
     hits = [0] * replicas
     sent = [0] * replicas
     seen_turns: dict[int, int] = {}
@@ -428,18 +447,20 @@ def route_fleet(
     ):
         turn = seen_turns[req.user] = seen_turns.get(req.user, -1) + 1
         request = RoutedRequest(i, req.user, turn, tuple(prompt))
+        views = tuple(
+            ReplicaView(k, c.probe(prompt).num_cached_tokens, taken[k]) for k, c in enumerate(caches)
+        )
         try:
-            choice = router(request, tuple(views))
-        except Exception as exc:  # the student's router: report, do not crash the notebook
+            choice = router(request, views)
+        except Exception as exc:  # the student's router: report it (the cause is kept for a checker)
             raise InvalidArgumentError(
                 f"the router raised on request {i}: {type(exc).__name__}: {exc}"
-            ) from None
+            ) from exc
         if type(choice) is not int or not 0 <= choice < replicas:
             raise InvalidArgumentError(
                 f"the router must return a replica index 0..{replicas - 1}, got {brief(choice)}"
             )
-        view = views[choice]
-        cache = view._cache
+        cache = caches[choice]
         try:
             got = cache.allocate(f"r{i}", prompt).num_cached_tokens
             cache.append(f"r{i}", answer[:-1])
@@ -447,7 +468,7 @@ def route_fleet(
             got = 0  # a replica too small for this request: it computes it without caching
         if f"r{i}" in cache.requests:
             cache.free(f"r{i}")
-        view.requests += 1
+        taken[choice] += 1
         hits[choice] += got
         sent[choice] += len(prompt)
     total = sum(sent)
@@ -455,6 +476,37 @@ def route_fleet(
         name or getattr(router, "__name__", "router"),
         replicas,
         sum(hits) / total if total else 0.0,
-        tuple(v.requests for v in views),
+        tuple(taken),
         tuple(h / s if s else 0.0 for h, s in zip(hits, sent, strict=True)),
     )
+
+
+# ---------------------------------------------------------------- part 1: a trace of two tenants
+
+CHAT_SYSTEM = "You are a careful assistant who explains caches. " * 12
+CHAT_TENANTS = ("alice", "bob")
+CHAT_TURNS = 3
+CHAT_MAX_TOKENS = 13  # the reply pushes turn 1's cached tokens past the next block boundary
+SAMPLE_TRACE = "two_tenants.jsonl"  # kvlab/traces/samples/: this chat, recorded from kvlab serve
+
+
+def two_tenant_chat(recorder: Any) -> None:
+    """Notebook 16's chat: two tenants, three turns each, behind one system prompt, each with its salt.
+
+    ``recorder`` is a ``kvlab.traces.record.TraceRecorder``; ``/metrics`` is scraped before and after.
+    """
+    recorder.metrics()
+    for tenant in CHAT_TENANTS:
+        messages = [{"role": "system", "content": CHAT_SYSTEM}]
+        for turn in range(CHAT_TURNS):
+            messages.append({"role": "user", "content": f"{tenant} asks question {turn} about blocks"})
+            reply = recorder.chat(messages, max_tokens=CHAT_MAX_TOKENS, cache_salt=tenant)
+            messages.append({"role": "assistant", "content": reply["choices"][0]["message"]["content"]})
+    recorder.metrics()
+
+
+def sample_trace_path() -> str:
+    """The recorded trace of ``two_tenant_chat`` against ``kvlab serve`` (blocks, 16-token blocks, 64 blocks)."""
+    from importlib.resources import files
+
+    return str(files("kvlab.traces").joinpath("samples", SAMPLE_TRACE))

@@ -1,6 +1,6 @@
 """The course's map and the small helpers its notebooks share.
 
-``COURSE`` lists the sixteen notebooks in order (file names, titles, time
+``COURSE`` lists the seventeen notebooks in order (file names, titles, time
 estimates); the start page, the instructors' page and the storage test read it.
 ``compare_table`` prints what kvlab computed beside the figure the lesson
 printed, one row per figure, with a mark that says whether they agree. When
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 class Notebook:
     """One notebook of the course: ``notebooks/{slug}.ipynb``."""
 
-    number: str  # "00" .. "15"
+    number: str  # "00" .. "16"
     slug: str
     title: str
     minutes: int  # reading, running and the exercises, for a typical student
@@ -54,4 +54,6 @@ COURSE: tuple[Notebook, ...] = (
              "paged attention on real tensors: correctness, memory, block size, bandwidth"),
     Notebook("15", "15_fleet_prefix_caching", "Prefix caching at fleet scale", 50,
              "200 users, working set, timestamps, tenant salts, replicas and routing"),
+    Notebook("16", "16_your_own_traffic", "Your own server, your own traffic", 60,
+             "predict a server's counters from its trace, price an agent's prompts, route a fleet"),
 )  # fmt: skip

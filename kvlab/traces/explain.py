@@ -83,7 +83,7 @@ def explain_blocks(
                 f"({other.salt!r} vs {ex.cache_salt!r}): salts keep tenants apart."
             )
         return text
-    text = f"Shares {ov.shared} tokens with request {ov.index}"
+    text = f"Shares {ov.shared} tokens with what request {ov.index} left in the cache (its prompt and reply)"
     text += "." if ov.shared >= len(prompt) else f", then differs at token {ov.shared}."
     full = min(ov.shared, len(prompt) - 1) // bs * bs
     if ov.shared >= len(prompt) and len(prompt) % bs == 0:

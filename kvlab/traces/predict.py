@@ -20,6 +20,7 @@ block size, the slot count) is taken from ``TraceSettings`` and listed in ``Trac
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,7 +55,7 @@ class TraceSettings:
                 check_int(name, value, minimum=1, maximum=getattr(LIMITS, limit))
         if self.n_ctx is not None:
             check_int("n_ctx", self.n_ctx, minimum=2, maximum=LIMITS.tokens)
-        check_int("cache_ram_mib", self.cache_ram_mib, minimum=0, maximum=LIMITS.mib)
+        check_int("cache_ram_mib", self.cache_ram_mib, minimum=-1, maximum=LIMITS.mib)  # -1: no limit
 
 
 @dataclass(frozen=True)
@@ -156,7 +157,8 @@ def _predict_blocks(trace: Trace, settings: TraceSettings, notes: list[str]) -> 
     if num_blocks is None:
         num_blocks = _pool_size(trace, bs)
         notes.append(
-            f"no pool size given: a pool of {num_blocks} blocks (nothing is ever evicted) assumed; "
+            f"no pool size given: a pool of {num_blocks} blocks assumed, enough for every request of the trace "
+            "at once, so nothing is evicted; "
             "give --num-blocks (vLLM logs 'GPU KV cache size: N tokens' at start: N / block size)"
         )
     cache = PrefixCache(num_blocks, bs)
@@ -199,6 +201,10 @@ def _check_metrics(trace: Trace, rows: list[TraceRow]) -> list[TraceRow]:
         assert before.metrics is not None and after.metrics is not None
         if not all(name in before.metrics and name in after.metrics for name in VLLM_METRICS):
             continue
+        if not all(math.isfinite(scrape.metrics[n]) for scrape in (before, after) for n in VLLM_METRICS):
+            why = "a prefix-cache counter is NaN or infinite in one of the scrapes: nothing to compare"
+            out.append(TraceRow(-1, after.line, None, {}, None, why))
+            continue
         queries, hits = (after.metrics[n] - before.metrics[n] for n in VLLM_METRICS)
         between = [r for r in rows[before.after : after.after] if "cached_tokens" in r.predicted]
         predicted = {
@@ -233,6 +239,10 @@ def _slot_count(trace: Trace, settings: TraceSettings, notes: list[str]) -> tupl
     if dumps:
         n_slots = n_slots or len(dumps[0])
         ctx = dumps[0][0].get("n_ctx")
+        if n_ctx is None and type(ctx) is int and not 2 <= ctx <= LIMITS.tokens:
+            line = next(c.line for c in trace.checkpoints if c.slots)
+            raise TraceError(f"line {line}: slots[0].n_ctx must be between 2 and {LIMITS.tokens:,} "
+                             f"(LIMITS.tokens), got {brief(ctx)}; give --n-ctx to override it")  # fmt: skip
         n_ctx = n_ctx or (ctx if type(ctx) is int and ctx >= 2 else None)
     if n_slots is None:
         seen = [e.reported.slot_id for e in trace.exchanges if e.reported and e.reported.slot_id is not None]

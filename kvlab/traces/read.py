@@ -97,12 +97,30 @@ def _err(line: int, message: str) -> TraceError:
     return TraceError(f"line {line}: {message}")
 
 
-def _int(line: int, where: str, value: object, *, minimum: int = 0, optional: bool = True) -> int | None:
+def _int(
+    line: int,
+    where: str,
+    value: object,
+    *,
+    minimum: int = 0,
+    maximum: int | None = None,
+    optional: bool = True,
+) -> int | None:
     if value is None and optional:
         return None
     if type(value) is not int or value < minimum:
         raise _err(line, f"{where} must be an integer of at least {minimum}, got {brief(value)}")
+    if maximum is not None and value > maximum:
+        raise _err(line, f"{where} must be at most {maximum:,}, got {brief(value)}")
     return value
+
+
+def _encode(line: int, where: str, tokenizer: Tokenizer, text: str) -> tuple[int, ...]:
+    """Text through kvlab's tokenizer; a refusal (too long, lone surrogates) names the line."""
+    try:
+        return tuple(tokenizer.encode(text))
+    except KvlabError as exc:
+        raise _err(line, f"{where}: {exc}") from None
 
 
 def _token_ids(line: int, where: str, value: object) -> tuple[int, ...]:
@@ -137,7 +155,11 @@ def _messages(line: int, where: str, value: object) -> list[dict[str, str]]:
         role = _text(line, f"{where}[{i}].role", m.get("role"))
         content = m.get("content", "")
         if isinstance(content, list):  # OpenAI / Anthropic content parts: keep the text parts
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+            content = "".join(
+                _text(line, f"{where}[{i}].content[{j}].text", p.get("text", ""))
+                for j, p in enumerate(content)
+                if isinstance(p, dict)
+            )
         out.append({"role": role, "content": _text(line, f"{where}[{i}].content", content)})
     return out
 
@@ -162,7 +184,9 @@ def _endpoint(line: int, given: object, request: dict, response: dict) -> str:
 def _prompt(
     line: int, endpoint: str, request: dict, response: dict, tokenizer: Tokenizer
 ) -> tuple[tuple[int, ...], str]:
-    for holder in (response, *(response.get("choices") or [{}])[:1]):
+    choices = response.get("choices")
+    first = choices[0] if isinstance(choices, list) and choices else None
+    for holder in (response, first):
         if isinstance(holder, dict) and holder.get("prompt_token_ids") is not None:
             return _token_ids(line, "response prompt_token_ids", holder["prompt_token_ids"]), "the response"
     if endpoint == "/v1/chat/completions":
@@ -181,7 +205,7 @@ def _prompt(
     text = _text(line, "request prompt", prompt)
     if len(text) > LIMITS.tokens:
         raise _err(line, f"request prompt is longer than {LIMITS.tokens:,} characters (LIMITS.tokens)")
-    return tuple(tokenizer.encode(text)), "kvlab's tokenizer"
+    return _encode(line, "request prompt", tokenizer, text), "kvlab's tokenizer"
 
 
 def _output(line: int, endpoint: str, response: dict, tokenizer: Tokenizer) -> tuple[int, ...] | None:
@@ -196,10 +220,10 @@ def _output(line: int, endpoint: str, response: dict, tokenizer: Tokenizer) -> t
         if text is None and isinstance(first.get("message"), dict):
             text = first["message"].get("content")
         if isinstance(text, str) and text:
-            return tuple(tokenizer.encode(text))
+            return _encode(line, "response choices[0] text", tokenizer, text)
     content = response.get("content")
     if isinstance(content, str) and content:
-        return tuple(tokenizer.encode(content))
+        return _encode(line, "response content", tokenizer, content)
     return None
 
 
@@ -212,7 +236,7 @@ def _reported(line: int, endpoint: str, response: dict) -> Reported:
             else error
         )
         return Reported(error=str(what)[:200])
-    slot = _int(line, "response id_slot", response.get("id_slot"), minimum=-1)
+    slot = _int(line, "response id_slot", response.get("id_slot"), minimum=-1, maximum=LIMITS.slots - 1)
     timings = response.get("timings")
     if isinstance(timings, dict):
         cache_n = _int(line, "response timings.cache_n", timings.get("cache_n"))
@@ -267,7 +291,8 @@ def _exchange(line: int, index: int, row: dict, tokenizer: Tokenizer) -> Exchang
     salt = request.get("cache_salt")
     if salt is not None:
         salt = _text(line, "request cache_salt", salt)
-    id_slot = _int(line, "request id_slot", request.get("id_slot", -1), minimum=-1, optional=False)
+    id_slot = _int(line, "request id_slot", request.get("id_slot", -1), minimum=-1, maximum=LIMITS.slots - 1,
+                   optional=False)  # fmt: skip
     cache_prompt = request.get("cache_prompt", True)
     if type(cache_prompt) is not bool:
         raise _err(line, f"request cache_prompt must be true or false, got {brief(cache_prompt)}")

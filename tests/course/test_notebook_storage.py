@@ -57,7 +57,7 @@ def test_there_are_notebooks():
 
 def test_names_follow_the_course_map():
     names = {nb.filename for nb in COURSE}
-    assert [nb.number for nb in COURSE] == [f"{i:02d}" for i in range(16)]
+    assert [nb.number for nb in COURSE] == [f"{i:02d}" for i in range(17)]
     for path in PATHS:
         assert path.name in names, (
             f"{path.name}: notebooks are named as in kvlab.lessons.course.COURSE (NN_slug.ipynb)"

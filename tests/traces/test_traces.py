@@ -59,7 +59,7 @@ def test_vllm_trace_predicted_exactly():
     assert report.rows[0].predicted["cached_tokens"] == 0
     assert report.rows[1].predicted["cached_tokens"] == 64
     assert "Cold" in report.rows[0].explanation
-    assert "Shares 64 tokens with request 0" in report.rows[1].explanation
+    assert "Shares 64 tokens with what request 0 left in the cache" in report.rows[1].explanation
 
 
 def test_unknown_pool_and_block_size_are_said_and_assumed():
