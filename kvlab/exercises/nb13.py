@@ -127,9 +127,11 @@ def _shown(items: Any, label: str) -> _Shown:
     return out
 
 
-def _arguments(turn: int) -> tuple[_Shown, _Shown]:
-    """The (prefix, results) run_agent passes the policy on ``turn`` (1-based)."""
-    first = 100_000  # run_agent's default first result id
+FIRST_RESULT_ID = 100_000  # run_agent's default first result id
+
+
+def _arguments(turn: int, first: int = FIRST_RESULT_ID) -> tuple[_Shown, _Shown]:
+    """The (prefix, results) run_agent passes the policy on ``turn`` (1-based), results numbered from ``first``."""
     results = [tuple(range(first + RESULT * k, first + RESULT * (k + 1))) for k in range(turn)]
     return (
         _shown(range(PREFIX), f"<prefix: {PREFIX:,} tokens>"),
@@ -143,6 +145,7 @@ def _arguments(turn: int) -> tuple[_Shown, _Shown]:
     assesses="designing a context policy: compact rarely and in large steps, keep the prefix and recent work intact",
     minutes=15,
     answer_type="function",
+    cases=lambda rng: _policy_cases(rng),
     points=3,
     difficulty="stretch",
     prerequisites=["13.2"],
@@ -155,9 +158,16 @@ def _arguments(turn: int) -> tuple[_Shown, _Shown]:
         "prompt = prefix + (a summary if cut else nothing) + every result from results[cut] on.",
     ],
 )
-def trimming_policy(answer: Any) -> str:
-    for turn in range(1, TURNS + 1):
-        prefix, results = _arguments(turn)
+def trimming_policy(answer: Any, cases: list[tuple[int, int]]) -> str:
+    remarks = [_play_policy(answer, turns, first) for turns, first in cases]
+    return remarks[0] + (
+        "" if len(remarks) == 1 else f" It also held on {len(remarks) - 1} other agent run(s)."
+    )
+
+
+def _play_policy(answer: Any, turns: int, first: int) -> str:
+    for turn in range(1, turns + 1):
+        prefix, results = _arguments(turn, first)
         got = call(answer, prefix, results)
         if isinstance(got, (str, bytes)) or not hasattr(got, "__iter__"):
             raise NotYet(
@@ -180,10 +190,10 @@ def trimming_policy(answer: Any) -> str:
                 "Trim the history before that."
             )
     try:
-        run = run_agent(answer, name="your policy")
+        run = run_agent(answer, turns=turns, first_result_id=first, name="your policy")
     except KvlabError as exc:  # e.g. a policy that answers differently when called again
         raise NotYet(f"run_agent could not play your policy: {exc}") from None
-    least = PREFIX + TURNS * RESULT
+    least = PREFIX + turns * RESULT
     budget = int(BUDGET_FACTOR * least)
     if run.total_processed > budget:
         worst = sorted(run.turns, key=lambda t: -t.processed_tokens)[:3]
@@ -191,12 +201,24 @@ def trimming_policy(answer: Any) -> str:
             f"turn {t.turn} ({t.processed_tokens:,})" for t in sorted(worst, key=lambda t: t.turn)
         )
         raise NotYet(
-            f"Your policy processes {run.total_processed:,} tokens over {TURNS} turns; the budget is "
+            f"Your policy processes {run.total_processed:,} tokens over {turns} turns; the budget is "
             f"{budget:,}. The costliest turns: {where}. Compact less often, in larger steps."
         )
-    append = run_agent(AppendOnly()).total_processed
-    keep5 = run_agent(KeepLast(5)).total_processed
+    append = run_agent(AppendOnly(), turns=turns, first_result_id=first).total_processed
+    keep5 = run_agent(KeepLast(5), turns=turns, first_result_id=first).total_processed
     return (
         f"{run.total_processed:,} tokens processed (append-only: {append:,}, keep the last 5: {keep5:,}), "
         f"largest prompt {max(t.prompt_tokens for t in run.turns):,}, final prompt {run.final_prompt:,}."
     )
+
+
+def _policy_cases(rng: Any) -> list[tuple[int, int]]:
+    """(turns, first result id): the lesson's run, and with ``rng`` a fresh one (the grader's, hidden).
+
+    A hidden run has another length and other token ids, so a policy that only knows the lesson's
+    twenty turns (or their ids) does not pass.
+    """
+    cases = [(TURNS, FIRST_RESULT_ID)]
+    if rng is not None:
+        cases.append((rng.randint(14, 30), rng.randrange(200_000, 10_000_000)))
+    return cases
