@@ -24,7 +24,7 @@ mapping and ``paged_attention`` reads through the block table.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -54,6 +54,10 @@ DTYPES = {
     "float16": torch.float16,
     "bfloat16": torch.bfloat16,
 }
+
+
+# attend(q, k, v, key_cache, value_cache) -> attention output: one layer's K/V write and attention
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -198,15 +202,12 @@ class TinyTransformer:
     def _rows(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.embedding[tokens % self.config.embedding_rows]
 
-    def _forward(
-        self, tokens: list[int], start: int, pool: KVPool, block_table: torch.Tensor, impl: str, decode: bool
-    ):
+    def _layers(
+        self, ids: torch.Tensor, positions: torch.Tensor, pool: KVPool, attend: Attend
+    ) -> torch.Tensor:
+        """Every layer over the packed new tokens; ``attend`` writes K/V and attends as its caller needs."""
         c = self.config
-        n = len(tokens)
-        ids = torch.tensor(tokens, dtype=torch.int64, device=self.device)
-        positions = torch.arange(start, start + n, device=self.device)
-        table = block_table.to(device=self.device, dtype=torch.int32)
-        seq_lens = torch.tensor([start + n], dtype=torch.int32, device=self.device)
+        n = ids.shape[0]
         h = self._rows(ids)
         for i, w in enumerate(self.layers):
             x = self._rms_norm(h)
@@ -214,25 +215,31 @@ class TinyTransformer:
             k = self._rope((x @ w["wk"]).view(n, c.num_kv_heads, c.head_dim), positions)
             v = (x @ w["wv"]).view(n, c.num_kv_heads, c.head_dim)
             key_cache, value_cache = pool.layer(i)
-            if decode:
-                write_kv_cache(k, v, key_cache, value_cache, compute_slots(table, positions, pool.block_size))
-                attn = paged_attention(q, key_cache, value_cache, table[None, :], seq_lens, impl=impl)
-            else:
-                query_lens = torch.tensor([n], dtype=torch.int32, device=self.device)
-                attn = paged_prefill(
-                    q,
-                    k,
-                    v,
-                    key_cache,
-                    value_cache,
-                    table[None, :],
-                    seq_lens,
-                    query_lens,
-                    impl=impl if impl in PREFILL_IMPLS else "auto",
-                )
+            attn = attend(q, k, v, key_cache, value_cache)
             h = h + attn.reshape(n, c.num_heads * c.head_dim) @ w["wo"]
             x = self._rms_norm(h)
             h = h + (torch.nn.functional.silu(x @ w["w_gate"]) * (x @ w["w_up"])) @ w["w_down"]
+        return h
+
+    def _forward(
+        self, tokens: list[int], start: int, pool: KVPool, block_table: torch.Tensor, impl: str, decode: bool
+    ):
+        n = len(tokens)
+        ids = torch.tensor(tokens, dtype=torch.int64, device=self.device)
+        positions = torch.arange(start, start + n, device=self.device)
+        table = block_table.to(device=self.device, dtype=torch.int32)
+        seq_lens = torch.tensor([start + n], dtype=torch.int32, device=self.device)
+        query_lens = torch.tensor([n], dtype=torch.int32, device=self.device)
+        slots = compute_slots(table, positions, pool.block_size) if decode else None
+
+        def attend(q, k, v, key_cache, value_cache):
+            if decode:
+                write_kv_cache(k, v, key_cache, value_cache, slots)
+                return paged_attention(q, key_cache, value_cache, table[None, :], seq_lens, impl=impl)
+            return paged_prefill(q, k, v, key_cache, value_cache, table[None, :], seq_lens, query_lens,
+                                 impl=impl if impl in PREFILL_IMPLS else "auto")  # fmt: skip
+
+        h = self._layers(ids, positions, pool, attend)
         return self._rms_norm(h[-1]) @ self.lm_head.T
 
     # ------------------------------------------------------------------ public
@@ -345,8 +352,6 @@ class TinyTransformer:
     def _prefill_batch(
         self, prompts: list[list[int]], starts: list[int], pool: KVPool, block_tables: torch.Tensor, impl: str
     ) -> torch.Tensor:
-        c = self.config
-        n = sum(len(p) for p in prompts)
         ids = torch.tensor([t for p in prompts for t in p], dtype=torch.int64, device=self.device)
         pos = torch.cat(
             [torch.arange(s, s + len(p), device=self.device) for p, s in zip(prompts, starts, strict=True)]
@@ -356,24 +361,17 @@ class TinyTransformer:
         seq_lens = torch.tensor([s + len(p) for p, s in zip(prompts, starts, strict=True)], dtype=torch.int32,
                                 device=self.device)  # fmt: skip
         last = torch.cumsum(query_lens.to(torch.int64), 0) - 1
-        h = self._rows(ids)
-        for i, w in enumerate(self.layers):
-            x = self._rms_norm(h)
-            q = self._rope((x @ w["wq"]).view(n, c.num_heads, c.head_dim), pos)
-            k = self._rope((x @ w["wk"]).view(n, c.num_kv_heads, c.head_dim), pos)
-            v = (x @ w["wv"]).view(n, c.num_kv_heads, c.head_dim)
-            key_cache, value_cache = pool.layer(i)
-            attn = paged_prefill(q, k, v, key_cache, value_cache, tables, seq_lens, query_lens,
+
+        def attend(q, k, v, key_cache, value_cache):
+            return paged_prefill(q, k, v, key_cache, value_cache, tables, seq_lens, query_lens,
                                  impl=impl if impl in PREFILL_IMPLS else "auto")  # fmt: skip
-            h = h + attn.reshape(n, c.num_heads * c.head_dim) @ w["wo"]
-            x = self._rms_norm(h)
-            h = h + (torch.nn.functional.silu(x @ w["w_gate"]) * (x @ w["w_up"])) @ w["w_down"]
+
+        h = self._layers(ids, pos, pool, attend)
         return self._rms_norm(h[last]) @ self.lm_head.T
 
     def _forward_batch(
         self, tokens: list[int], positions: list[int], pool: KVPool, block_tables: torch.Tensor, impl: str
     ) -> torch.Tensor:
-        c = self.config
         n = len(tokens)
         ids = torch.tensor(tokens, dtype=torch.int64, device=self.device)
         pos = torch.tensor(positions, dtype=torch.int64, device=self.device)
@@ -382,16 +380,10 @@ class TinyTransformer:
         bs = pool.block_size
         rows = torch.arange(n, device=self.device)
         slots = tables.to(torch.int64)[rows, pos // bs] * bs + pos % bs
-        h = self._rows(ids)
-        for i, w in enumerate(self.layers):
-            x = self._rms_norm(h)
-            q = self._rope((x @ w["wq"]).view(n, c.num_heads, c.head_dim), pos)
-            k = self._rope((x @ w["wk"]).view(n, c.num_kv_heads, c.head_dim), pos)
-            v = (x @ w["wv"]).view(n, c.num_kv_heads, c.head_dim)
-            key_cache, value_cache = pool.layer(i)
+
+        def attend(q, k, v, key_cache, value_cache):
             write_kv_cache(k, v, key_cache, value_cache, slots)
-            attn = paged_attention(q, key_cache, value_cache, tables, seq_lens, impl=impl)
-            h = h + attn.reshape(n, c.num_heads * c.head_dim) @ w["wo"]
-            x = self._rms_norm(h)
-            h = h + (torch.nn.functional.silu(x @ w["w_gate"]) * (x @ w["w_up"])) @ w["w_down"]
+            return paged_attention(q, key_cache, value_cache, tables, seq_lens, impl=impl)
+
+        h = self._layers(ids, pos, pool, attend)
         return self._rms_norm(h) @ self.lm_head.T
