@@ -12,7 +12,8 @@ import argparse
 import json
 import sys
 
-from kvlab.errors import InvalidArgumentError, KvlabError, check_int_text
+from kvlab.cli.options import OneLineParser, at_least, whole_number
+from kvlab.errors import KvlabError
 
 MAX_SYSTEM_TOKENS = 16000
 MAX_BLOCK_SIZE = 4096
@@ -24,26 +25,9 @@ MAX_THREADS = 1024
 """Most torch CPU threads (more than any machine's cores)."""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one clear line, status 2, no usage dump
-        print(f"kvlab chat: {message} (see python -m kvlab chat --help)", file=sys.stderr)
-        raise SystemExit(2)
-
-
-def _whole_number(text: str) -> int:
-    try:  # ASCII digits only: kvlab.errors.check_int_text
-        return check_int_text("a whole number", text)
-    except InvalidArgumentError as exc:
-        raise argparse.ArgumentTypeError(
-            "expected a whole number: " + str(exc).removeprefix("a whole number ")
-        ) from None
-
-
-def _positive(text: str) -> int:
-    value = _whole_number(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+_Parser = OneLineParser
+_whole_number = whole_number
+_positive = at_least(1)
 
 
 def _at_most(bound: int, why: str):

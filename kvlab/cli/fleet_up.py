@@ -22,34 +22,20 @@ import sys
 import time
 from collections.abc import Sequence
 
-from kvlab.errors import LIMITS, KvlabError, brief
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        print(f"kvlab fleet-up: {message} (see python -m kvlab fleet-up --help)", file=sys.stderr)
-        raise SystemExit(2)
-
-
-def _whole(text: str) -> int:
-    if len(text.strip().lstrip("+-").replace("_", "")) > LIMITS.int_digits:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {brief(text, 30)}")
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {brief(text)}") from None
+from kvlab.cli.options import OneLineParser, whole_number
+from kvlab.errors import KvlabError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m kvlab fleet-up", description=__doc__.splitlines()[0])
-    p.add_argument("--replicas", type=_whole, default=4, help="kvlab serve replicas (default 4)")
+    p = OneLineParser(prog="python -m kvlab fleet-up", description=__doc__.splitlines()[0])
+    p.add_argument("--replicas", type=whole_number, default=4, help="kvlab serve replicas (default 4)")
     p.add_argument("--router", choices=("auto", "sglang", "kvlab"), default="auto",
                    help="sglang: sglang-router; kvlab: kvlab's own router; auto: sglang-router if installed")  # fmt: skip
     p.add_argument("--policy", default="cache_aware",
                    help="cache_aware, round_robin, random (and power_of_two with sglang-router)")  # fmt: skip
-    p.add_argument("--num-blocks", type=_whole, default=None, help="each replica's KV pool, in blocks")
+    p.add_argument("--num-blocks", type=whole_number, default=None, help="each replica's KV pool, in blocks")
     p.add_argument(
-        "--max-model-len", type=_whole, default=None, help="each replica's context (prompt + output)"
+        "--max-model-len", type=whole_number, default=None, help="each replica's context (prompt + output)"
     )
     p.add_argument("--router-arg", action="append", default=[], help="one option for the router (repeatable)")
     p.add_argument(
@@ -57,11 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--log-dir", default=None, help="where each process's log goes (default: a temp folder)")
     p.add_argument("--replay", action="store_true", help="replay lesson 002's traffic through it, then stop")
-    p.add_argument("--users", type=_whole, default=24)
-    p.add_argument("--turns", type=_whole, default=4)
-    p.add_argument("--system-tokens", type=_whole, default=128)
-    p.add_argument("--answer-tokens", type=_whole, default=16)
-    p.add_argument("--concurrency", type=_whole, default=8)
+    p.add_argument("--users", type=whole_number, default=24)
+    p.add_argument("--turns", type=whole_number, default=4)
+    p.add_argument("--system-tokens", type=whole_number, default=128)
+    p.add_argument("--answer-tokens", type=whole_number, default=16)
+    p.add_argument("--concurrency", type=whole_number, default=8)
     p.add_argument("--json", action="store_true", help="print the replay's rows as JSON")
     return p
 

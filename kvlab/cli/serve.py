@@ -10,50 +10,36 @@ import argparse
 import signal
 import sys
 
-from kvlab.errors import LIMITS, KvlabError, brief
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one clear line, status 2, no usage dump
-        print(f"kvlab serve: {message} (see python -m kvlab serve --help)", file=sys.stderr)
-        raise SystemExit(2)
-
-
-def _whole(text: str) -> int:
-    if len(text.strip().lstrip("+-").replace("_", "")) > LIMITS.int_digits:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {brief(text, 30)}")
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {brief(text)}") from None
+from kvlab.cli.options import OneLineParser, whole_number
+from kvlab.errors import KvlabError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m kvlab serve", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m kvlab serve", description=__doc__.splitlines()[0])
     p.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)"
     )
-    p.add_argument("--port", type=_whole, default=8000, help="port (default 8000; 0 picks a free one)")
+    p.add_argument("--port", type=whole_number, default=8000, help="port (default 8000; 0 picks a free one)")
     p.add_argument("--cache", choices=("blocks", "slot", "off"), default="blocks",
                    help="blocks: vLLM's prefix cache; slot: llama-server's slots; off: no reuse")  # fmt: skip
-    p.add_argument("--block-size", type=_whole, default=16, help="tokens per KV block (default 16)")
-    p.add_argument("--num-blocks", type=_whole, default=None,
+    p.add_argument("--block-size", type=whole_number, default=16, help="tokens per KV block (default 16)")
+    p.add_argument("--num-blocks", type=whole_number, default=None,
                    help="blocks in the KV pool (default: 4 contexts' worth; one context per slot)")  # fmt: skip
-    p.add_argument("--slots", type=_whole, default=1, help="llama-server slots (-np) with --cache slot")
+    p.add_argument("--slots", type=whole_number, default=1, help="llama-server slots (-np) with --cache slot")
     p.add_argument(
-        "--max-num-seqs", type=_whole, default=256, help="most requests running at once (default 256)"
+        "--max-num-seqs", type=whole_number, default=256, help="most requests running at once (default 256)"
     )
     p.add_argument(
-        "--max-model-len", type=_whole, default=4096, help="context: prompt + output tokens (4096)"
+        "--max-model-len", type=whole_number, default=4096, help="context: prompt + output tokens (4096)"
     )
-    p.add_argument("--num-layers", type=_whole, default=4, help="the tiny model's layers (default 4)")
-    p.add_argument("--d-model", type=_whole, default=256, help="the tiny model's width (default 256)")
+    p.add_argument("--num-layers", type=whole_number, default=4, help="the tiny model's layers (default 4)")
+    p.add_argument("--d-model", type=whole_number, default=256, help="the tiny model's width (default 256)")
     p.add_argument("--served-model-name", default="kvlab-tiny", help="the model's name in the APIs")
     p.add_argument("--slot-save-path", default=None, help="directory for /slots/N?action=save|restore")
     p.add_argument(
         "--api-key", default=None, help="require Authorization: Bearer KEY (all routes but /health)"
     )
-    p.add_argument("--threads", type=_whole, default=1, help="torch CPU threads (default 1)")
+    p.add_argument("--threads", type=whole_number, default=1, help="torch CPU threads (default 1)")
     p.add_argument(
         "--log-level", choices=("critical", "error", "warning", "info", "debug"), default="warning"
     )

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
+from kvlab.cli.options import at_least
 from kvlab.core.jsonio import dumps
-from kvlab.errors import LIMITS, KvlabError, brief
+from kvlab.errors import KvlabError
 from kvlab.traces import SERVERS, TraceReport, TraceSettings, predict_trace, read_trace
 
 
@@ -29,30 +30,16 @@ class _Parser(argparse.ArgumentParser):
         raise _UsageError(message)
 
 
-def _positive(limit: str) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        if len(text) > LIMITS.int_digits or not text.strip().isdigit():
-            raise argparse.ArgumentTypeError(f"must be a positive integer, got {brief(text, 30)}")
-        value = int(text)
-        if not 1 <= value <= getattr(LIMITS, limit):
-            raise argparse.ArgumentTypeError(
-                f"must be between 1 and {getattr(LIMITS, limit):,} (LIMITS.{limit}), got {value}"
-            )
-        return value
-
-    return parse
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m kvlab trace", description=__doc__.split("\n\n")[0])
     p.add_argument("file", help="the trace: JSON lines of {request, response} exchanges ('-' for stdin)")
     p.add_argument("--server", choices=SERVERS, default="auto", help="which server's cache to model")
-    p.add_argument("--block-size", type=_positive("block_size"), help="tokens per block (vLLM)")
-    p.add_argument("--num-blocks", type=_positive("num_blocks"), help="blocks in the pool (vLLM)")
-    p.add_argument("--slots", type=_positive("slots"), help="llama-server's -np")
-    p.add_argument("--n-ctx", type=_positive("tokens"), help="llama-server's context per slot")
+    p.add_argument("--block-size", type=at_least(1, "block_size"), help="tokens per block (vLLM)")
+    p.add_argument("--num-blocks", type=at_least(1, "num_blocks"), help="blocks in the pool (vLLM)")
+    p.add_argument("--slots", type=at_least(1, "slots"), help="llama-server's -np")
+    p.add_argument("--n-ctx", type=at_least(1, "tokens"), help="llama-server's context per slot")
     p.add_argument(
-        "--cache-ram", type=_positive("mib"), help="llama-server's --cache-ram in MiB (default: off)"
+        "--cache-ram", type=at_least(1, "mib"), help="llama-server's --cache-ram in MiB (default: off)"
     )
     p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     return p
