@@ -14,9 +14,7 @@ at ``/workers``, as sglang-router and kvlab's router do.
 
 from __future__ import annotations
 
-import asyncio
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from kvlab.errors import InvalidArgumentError, brief, check_size
@@ -81,31 +79,9 @@ def live_routing_comparison(
     A local fleet is started once: ``replicas`` replicas, each with ``config.capacity_blocks //
     replicas`` blocks; for each policy the router is restarted and every cache emptied first, so
     each policy starts from the same cold fleet. Every process is stopped before this returns.
-    In a notebook kernel, whose event loop already runs in this thread, the load generator's
-    ``asyncio.run`` could not start, so the whole run goes to a helper thread and this waits for it.
+    In a notebook kernel the load generator runs its event loop in a helper thread
+    (``kvlab.serve.client.run_async``), so this works there as anywhere.
     """
-    kwargs = dict(router_url=router_url, replicas=replicas, router=router, policies=policies, config=config,
-                  answer_tokens=answer_tokens, concurrency=concurrency, router_args=router_args)  # fmt: skip
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return _routing_comparison(**kwargs)
-    with ThreadPoolExecutor(1, thread_name_prefix="kvlab-fleet") as pool:
-        return pool.submit(lambda: _routing_comparison(**kwargs)).result()
-
-
-def _routing_comparison(
-    *,
-    router_url: str | None = None,
-    replicas: int = LIVE_REPLICAS,
-    router: str = "auto",
-    policies: tuple[str, ...] = ("round_robin", "cache_aware"),
-    config: FleetConfig = LIVE_CONFIG,
-    answer_tokens: int = LIVE_ANSWER_TOKENS,
-    concurrency: int = LIVE_CONCURRENCY,
-    router_args: tuple[str, ...] = (),
-) -> LiveComparison:
-    """``live_routing_comparison``'s work, in whatever thread calls it."""
     replicas = check_size("replicas", replicas, "replicas", minimum=1)
     if isinstance(policies, str) or not isinstance(policies, tuple) or not policies:
         raise InvalidArgumentError(

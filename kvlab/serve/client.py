@@ -135,11 +135,11 @@ def run_concurrent(
 
     n = len(todo)
     start = time.perf_counter()
-    tokens = _run_async(main)
+    tokens = run_async(main)
     return ConcurrentRun(clients, n, tokens, time.perf_counter() - start)
 
 
-def _run_async(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
+def run_async(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
     """``asyncio.run(main())``, in a helper thread when a loop already runs here (a Jupyter kernel)."""
     try:
         asyncio.get_running_loop()

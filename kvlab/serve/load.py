@@ -37,7 +37,7 @@ from kvlab.errors import MAX_TOKEN_ID, InvalidArgumentError, brief, check_choice
 from kvlab.fleet import ChatTraffic, FleetConfig, FleetResult, UserTurn, chat_traffic, simulate
 from kvlab.fleet.config import salt_of
 from kvlab.fleet.traffic import prompt_lengths, timestamp_tokens
-from kvlab.serve.client import _run_async
+from kvlab.serve.client import run_async
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 MODEL = "kvlab-tiny"
@@ -236,7 +236,7 @@ def replay(
         before = {u: read_counters(client, u) for u in urls}
     traffic = chat_traffic(config.users, config.turns, config.seed, config.system_tokens)
     start = time.perf_counter()
-    rows = _run_async(
+    rows = run_async(
         lambda: _replay(
             router_url, config, traffic, answer_tokens, concurrency, request_timeout, deadline, model
         )
