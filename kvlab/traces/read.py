@@ -30,7 +30,7 @@ from typing import Any
 
 from kvlab.core.chat_format import Tokenizer, render
 from kvlab.core.jsonio import read_json
-from kvlab.errors import LIMITS, MAX_TOKEN_ID, KvlabError, brief
+from kvlab.errors import LIMITS, MAX_TOKEN_ID, KvlabError, brief, check_tokens
 
 ENDPOINTS = ("/completion", "/v1/completions", "/v1/chat/completions")
 
@@ -124,14 +124,13 @@ def _encode(line: int, where: str, tokenizer: Tokenizer, text: str) -> tuple[int
 
 
 def _token_ids(line: int, where: str, value: object) -> tuple[int, ...]:
+    """kvlab's one token-id check (``check_tokens``), its refusal naming the line."""
     if not isinstance(value, list):
         raise _err(line, f"{where} must be a list of token ids, got {brief(value)}")
-    if len(value) > LIMITS.tokens:
-        raise _err(line, f"{where} holds more than {LIMITS.tokens:,} tokens (LIMITS.tokens)")
-    for i, t in enumerate(value):
-        if type(t) is not int or not 0 <= t <= MAX_TOKEN_ID:
-            raise _err(line, f"{where}[{i}] = {brief(t)} is not a token id (0..{MAX_TOKEN_ID})")
-    return tuple(value)
+    try:
+        return tuple(check_tokens(where, value, allow_empty=True))
+    except KvlabError as exc:
+        raise _err(line, str(exc)) from None
 
 
 def _text(line: int, where: str, value: object) -> str:
