@@ -36,14 +36,13 @@ LOAD_BOUND = 1.10  # 16.4: the busiest replica's requests over the mean
     ],
 )
 def trace_prediction(answer: int) -> str:
-    report = predict_trace(
-        read_trace(capstone.sample_trace_path()), server="vllm", block_size=16, num_blocks=64
-    )
+    trace = read_trace(capstone.sample_trace_path())
+    report = predict_trace(trace, server="vllm", block_size=16, num_blocks=64)
     row = report.rows[1]
     expected = row.predicted["cached_tokens"]
     if answer == expected:
         return f"{expected} tokens: {row.explanation}"
-    first = read_trace(capstone.sample_trace_path()).exchanges[0]
+    first = trace.exchanges[0]
     if answer == len(first.prompt) // 16 * 16:
         raise NotYet("That counts turn 1's prompt only; its reply (but its last token) was cached too.")
     if answer == (len(first.prompt) + len(first.output)) // 16 * 16 != expected:
