@@ -79,3 +79,20 @@ def test_recorder_refuses_bad_input_and_unreachable_servers():
         with pytest.raises(Exception) as info:
             TraceRecorder(bad)
         assert type(info.value).__module__.startswith("kvlab")
+
+
+def test_the_recorded_sample_is_what_kvlab_serve_reports_today():
+    """Exercise 16.1 is checked on the sample; notebook 16 reveals a live run: they must be the same chat."""
+    from kvlab.lessons.capstone import sample_trace_path, two_tenant_chat
+
+    server = start_server(use_env=False, cache="blocks", block_size=16, num_blocks=64, max_model_len=1024)
+    try:
+        with TraceRecorder(server.url) as rec:
+            two_tenant_chat(rec)
+            live = read_trace(rec.text())
+    finally:
+        assert server.stop() == 0
+    sample = read_trace(sample_trace_path())
+    assert [e.prompt for e in live.exchanges] == [e.prompt for e in sample.exchanges]
+    assert [e.output for e in live.exchanges] == [e.output for e in sample.exchanges]
+    assert [e.reported for e in live.exchanges] == [e.reported for e in sample.exchanges]
