@@ -8,6 +8,8 @@ be valid (huge sizes, floats, wrong types) must be refused.
 
 from __future__ import annotations
 
+import contextlib
+
 import itertools
 from collections.abc import Callable
 from typing import Any
@@ -544,7 +546,8 @@ def test_slot_file_calls_refuse_hostile_values(tmp_path_factory, call, value):
     slot_files.save_slot(s, 0, "p.bin", directory=d)
     box = Box(lambda: _files_state(s, d))
     box.history = s.history  # type: ignore[attr-defined]
-    _attempt(box, lambda: call(s, d, value))
+    with contextlib.chdir(d):  # a value such as "." or "" names the working directory: keep it in d
+        _attempt(box, lambda: call(s, d, value))
     assert not [p for p in d.iterdir() if p.name.endswith(".tmp")]
 
 
