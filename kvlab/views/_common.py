@@ -8,7 +8,6 @@ the stepper (send only what changed) need.
 
 from __future__ import annotations
 
-import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -26,6 +25,18 @@ from kvlab.errors import (
 from kvlab.views import theme
 from kvlab.views.text import caption
 from kvlab.views.theme import INK, TEMPLATE_NAME
+from kvlab.views.wrapping import (  # noqa: F401 - the views import these from here
+    HEAD_WIDTH,
+    NARROWEST,
+    SUB_WIDTH,
+    cut_to,
+    fit_label,
+    text_px,
+    title_lines,
+    title_text,
+    top_margin,
+    wrap,
+)
 
 Spec = dict[str, Any]
 
@@ -107,74 +118,6 @@ def check_axis_max(name: str, value: object) -> int:
     return check_int(name, value, minimum=0, maximum=LIMITS.total_tokens)
 
 
-#: The narrowest figure the views are laid out for, in px: a notebook column beside a side panel, or
-#: plotly's default 700 px less some room. Titles wrap, labels fit and legends have room at this width.
-NARROWEST = 600
-HEAD_WIDTH = 62  # characters of a bold 16 px title that fit a 600 px wide figure
-SUB_WIDTH = 92  # characters of the 12 px subtitle
-
-# Advance widths of DejaVu Sans (the views' font) for printable ASCII, in thousandths of the font size,
-# so that labels can be fitted to their cells before a browser draws them.
-_ASCII = "".join(chr(i) for i in range(32, 127))
-_WIDTHS = (318, 401, 460, 838, 636, 950, 780, 275, 390, 390, 500, 838, 318, 361, 318, 337, *[636] * 10, 337, 337,
-           838, 838, 838, 531, 1000, 684, 686, 698, 770, 632, 575, 775, 752, 295, 295, 656, 557, 863, 748, 787,
-           603, 787, 695, 635, 611, 732, 684, 989, 685, 611, 685, 390, 337, 390, 838, 500, 500, 613, 635, 550,
-           635, 615, 352, 635, 634, 278, 278, 579, 278, 974, 634, 612, 635, 635, 411, 521, 392, 634, 592, 818,
-           592, 592, 525, 636, 337, 636, 838)  # fmt: skip
-_EM = dict(zip(_ASCII, _WIDTHS, strict=True)) | {"…": 1000, "×": 838, "·": 318, "→": 838, "–": 500}
-
-
-def text_px(text: str, font_px: float = 10) -> float:
-    """How wide ``text`` (one line, no markup) is in DejaVu Sans of ``font_px``; bold is about 10% wider."""
-    return sum(_EM.get(ch, 700) for ch in text) * font_px / 1000
-
-
-def wrap(text: str, width: int) -> str:
-    """``text`` with ``<br>`` breaks so that no line is wider than ``width`` characters.
-
-    Existing ``<br>`` breaks are kept; plotly does not wrap titles itself.
-    The lines of a wrapped text are made about equally long.
-    """
-    out = []
-    for line in text.split("<br>"):
-        lines = textwrap.wrap(line, width, break_on_hyphens=False)
-        # as many lines as needed, of about equal length: no lone word on the last one
-        for narrower in range(-(-len(line) // max(len(lines), 1)), width):
-            even = textwrap.wrap(line, narrower, break_on_hyphens=False)
-            if len(even) == len(lines):
-                lines = even
-                break
-        out.append("<br>".join(lines) or line)
-    return "<br>".join(out)
-
-
-def title_text(title: str, subtitle: str | None = None) -> dict[str, Any]:
-    text = f"<b>{wrap(title, HEAD_WIDTH)}</b>"
-    if subtitle:
-        text += f"<br><span style='font-size:12px'>{wrap(subtitle, SUB_WIDTH)}</span>"
-    return {"text": text}
-
-
-def top_margin(
-    title: dict[str, Any], axis_on_top: bool = False, head_lines: int = 0, sub_lines: int = 0
-) -> int:
-    """Room above the plot for the title's lines and, when there, a top axis with its title.
-
-    ``head_lines`` and ``sub_lines`` reserve room for at least that many title
-    and subtitle lines, so that the steps of a stepper, whose captions differ in
-    length, share one plot area.
-    """
-    head, _, sub = title["text"].partition("</b>")
-    heads = max(head.count("<br>") + 1, head_lines)
-    subs = max(sub.count("<br>") if sub else 0, sub_lines)  # the subtitle starts with its own <br>
-    return 24 + 21 * heads + 17 * subs + (44 if axis_on_top else 6)
-
-
-def title_lines(text: str) -> int:
-    """How many lines ``text`` takes as a figure's bold title."""
-    return wrap(text, HEAD_WIDTH).count("<br>") + 1
-
-
 def base_layout(title: dict[str, Any], **extra: Any) -> dict[str, Any]:
     layout: dict[str, Any] = {"template": TEMPLATE_NAME, "title": dict(title)}
     layout.update(extra)
@@ -182,6 +125,32 @@ def base_layout(title: dict[str, Any], **extra: Any) -> dict[str, Any]:
     if height:  # pin the title a few pixels below the top edge, whatever the height
         layout["title"]["y"] = 1 - 10 / height
     return layout
+
+
+def chart_layout(
+    title: dict[str, Any],
+    plot_h: int,
+    data: Sequence[Mapping[str, Any]],
+    *,
+    left: int = 70,
+    above: int = 0,
+    **extra: Any,
+) -> dict[str, Any]:
+    """Layout for a bar or line chart: title, a ``plot_h`` px plot, and the legend under the x-axis title.
+
+    The legend is placed in pixels below the axis title and the bottom margin
+    holds it as wrapped at the narrowest width, so that it never covers the
+    axis title however wide the figure is. ``above`` adds room over the plot
+    (for panel captions).
+    """
+    top = top_margin(title) + above
+    under_axis = 56  # tick labels and the x-axis title
+    bottom = under_axis + legend_height(data, left=left, font_px=13, traceorder="normal") + 8
+    return base_layout(
+        title, height=plot_h + top + bottom,
+        legend={"orientation": "h", "y": -under_axis / plot_h, "x": 0, "yanchor": "top", "traceorder": "normal"},
+        margin={"l": left, "r": 20, "t": top, "b": bottom}, **extra,
+    )  # fmt: skip
 
 
 def legend_below_layout(
@@ -213,41 +182,6 @@ def legend_below_layout(
     )
 
 
-def fit_label(text: str, room_px: float, font_px: float = 10) -> str:
-    """``text`` in at most two lines no wider than ``room_px``, for a cell whose hover text says it in full.
-
-    A short text stays as it is; a longer one breaks at a space, as late as
-    both lines allow ("sample 0" becomes "sample" over "0"; "copy of 2" may
-    become "copy" over "of 2"), keeping the end that tells two requests
-    apart; only what still does not fit is cut, with an ellipsis.
-    """
-
-    def fits(part: str) -> bool:
-        return text_px(part, font_px) <= room_px
-
-    if room_px <= 0:
-        return ""
-    if fits(text):
-        return text
-    words = text.split(" ")
-    for k in range(len(words) - 1, 0, -1):
-        head, tail = " ".join(words[:k]), " ".join(words[k:])
-        if fits(head) and fits(tail):
-            return f"{head}<br>{tail}"
-    if len(words) > 1 and fits(words[-1]):
-        return f"{cut_to(' '.join(words[:-1]), room_px, font_px)}<br>{words[-1]}"
-    return cut_to(text, room_px, font_px)
-
-
-def cut_to(text: str, room_px: float, font_px: float = 10) -> str:
-    """``text``, or as much of it as fits in ``room_px`` followed by an ellipsis."""
-    if text_px(text, font_px) <= room_px:
-        return text
-    while text and text_px(text + "…", font_px) > room_px:
-        text = text[:-1]
-    return text + "…" if text else ""
-
-
 def legend_height(
     data: Sequence[Mapping[str, Any]],
     *,
@@ -271,14 +205,19 @@ def legend_height(
     room = max(width - left - 20, 100)
     entries = [46 + text_px(str(t.get("name", "")), font_px) for t in shown]
     grouped = traceorder != "normal" and any(t.get("legendgroup") for t in shown)
-    if sum(entries) <= room:
+    if grouped:  # groups flow, a new row when the next does not fit; a group's entries stack in a column
+        groups: dict[object, list[float]] = {}
+        for i, (t, entry) in enumerate(zip(shown, entries, strict=True)):
+            groups.setdefault(t.get("legendgroup") or f"#{i}", []).append(entry)
+        rows, row_rows, used = 0, 0, 0.0
+        for column in groups.values():
+            if used and used + max(column) > room:
+                rows, row_rows, used = rows + row_rows, 0, 0.0
+            used += max(column)
+            row_rows = max(row_rows, len(column))
+        rows += row_rows
+    elif sum(entries) <= room:
         rows = 1
-    elif grouped:  # entries flow: a new row when the next one does not fit
-        rows, used = 1, 0.0
-        for entry in entries:
-            if used and used + entry > room:
-                rows, used = rows + 1, 0.0
-            used += entry
     else:  # columns as wide as the widest entry
         per_row = max(1, int(room // max(entries)))
         rows = cdiv(len(entries), per_row)

@@ -68,11 +68,15 @@ def animate(specs: list[Spec], captions: list[str], *, frame_ms: int = DEFAULT_F
         s["layout"].get("height", 450) - m.get("t", 80) - m.get("b", 80)
         for s, m in zip(specs, margins, strict=True)
     )
-    # the controls start under the legend, as wrapped at the narrowest width, or under the bottom margin
+    # the controls start under the legend, as wrapped at the narrowest width, or under the bottom margin;
+    # the tallest legend of any frame, since a frame may list a mark (a highlight, an eviction) others lack
     legend = layout.get("legend") or {}
     left = float(layout.get("margin", {}).get("l", 80))
-    legend_px = legend_height(first["data"], left=left, font_px=int(legend.get("font", {}).get("size", 13)),
-                              traceorder=legend.get("traceorder"))  # fmt: skip
+    legend_px = max(
+        legend_height(s["data"], left=left, font_px=int(legend.get("font", {}).get("size", 13)),
+                      traceorder=legend.get("traceorder"))
+        for s in specs
+    )  # fmt: skip
     while True:
         legend_top = -float(legend.get("y", 0)) * plot_h if legend.get("yanchor") == "top" else 0.0
         controls_top = (

@@ -17,15 +17,13 @@ import plotly.graph_objects as go
 from kvlab.errors import InvalidArgumentError, brief, check_bool, check_text
 from kvlab.views import theme
 from kvlab.views._common import (
-    base_layout,
+    chart_layout,
     check_number,
     check_title,
     field,
-    legend_height,
     read_items,
     read_pairs,
     title_text,
-    top_margin,
 )
 
 _SERIES_STYLES = (
@@ -37,32 +35,6 @@ _SERIES_STYLES = (
     (theme.SKY_BLUE, "solid", "star"),
     (theme.BLACK, "dash", "cross"),
 )
-
-
-def _chart_layout(
-    title: dict[str, Any],
-    plot_h: int,
-    data: list[dict[str, Any]],
-    *,
-    left: int = 70,
-    above: int = 0,
-    **extra: Any,
-) -> dict[str, Any]:
-    """Layout for a bar or line chart: title, a ``plot_h`` px plot, and the legend under the x-axis title.
-
-    The legend is placed in pixels below the axis title and the bottom margin
-    holds it as wrapped at the narrowest width, so that it never covers the
-    axis title however wide the figure is. ``above`` adds room over the plot
-    (for panel captions).
-    """
-    top = top_margin(title) + above
-    under_axis = 56  # tick labels and the x-axis title
-    bottom = under_axis + legend_height(data, left=left, font_px=13, traceorder="normal") + 8
-    return base_layout(
-        title, height=plot_h + top + bottom,
-        legend={"orientation": "h", "y": -under_axis / plot_h, "x": 0, "yanchor": "top", "traceorder": "normal"},
-        margin={"l": left, "r": 20, "t": top, "b": bottom}, **extra,
-    )  # fmt: skip
 
 
 def _named_values(data: object, what: str) -> list[tuple[str, Any]]:
@@ -150,7 +122,7 @@ def hit_rate_figure(rates: Mapping[str, Any] | Sequence[Any], *, title: str | No
         "text": [f"hit {t}" if v < 0.08 else "" for t, v in zip(labels, values, strict=True)],
         "textposition": "inside", "insidetextanchor": "start", "textfont": {"color": theme.INK},
     }  # fmt: skip
-    layout = _chart_layout(
+    layout = chart_layout(
         title_text(title or "Prefix-cache hit rate", "share of prompt tokens served from the cache"),
         len(names) * 44 + 10, [hit, miss], left=20, barmode="stack",
         xaxis={"range": [0, 100], "title": {"text": "% of prompt tokens"}, "ticksuffix": "%"},
@@ -214,7 +186,7 @@ def per_turn_figure(
             "hovertemplate": f"{name}<br>turn %{{x}}: %{{y:,.0f}}<extra></extra>",
         })  # fmt: skip
     longest = max((len(v) for _, v in rows), default=1)
-    layout = _chart_layout(
+    layout = chart_layout(
         title_text(title), 280, data,
         xaxis={"title": {"text": "turn"}, "dtick": 1 if longest <= 20 else None, "range": [0.5, longest + 0.5]},
         yaxis={"title": {"text": y_title + (" (running total)" if cumulative else "")}, "rangemode": "tozero"},
@@ -330,7 +302,7 @@ def cache_n_figure(
         data += bars
         layout_axes.update(axes)
         annotations += caption
-    layout = _chart_layout(
+    layout = chart_layout(
         title_text(title or "Prompt tokens per turn: cached (cache_n) and processed (prompt_n)"), 250, data,
         above=44 if annotations else 0, barmode="stack", annotations=annotations, **layout_axes,
     )  # fmt: skip
@@ -388,7 +360,7 @@ def utilization_figure(fills: Mapping[str, Any] | Sequence[Any], *, title: str |
                                                    "size": 8}},
             "hovertemplate": f"%{{y}}: %{{x:.1f}}% of the pool {label}<extra></extra>",
         })  # fmt: skip
-    layout = _chart_layout(
+    layout = chart_layout(
         title_text(title or "Pool utilization", "share of the pool's slots"), len(names) * 56 + 10, data,
         left=20, barmode="stack",
         xaxis={"range": [0, 100], "ticksuffix": "%", "title": {"text": "% of pool slots"}},

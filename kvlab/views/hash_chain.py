@@ -23,15 +23,19 @@ from kvlab.views._common import (
     Spec,
     base_layout,
     check_title,
+    cut_to,
     discrete_colorscale,
     legend_entry,
     legend_height,
+    text_px,
     title_text,
     tokens_text,
     top_margin,
 )
 
-_KINDS = list(theme.CHAIN_COLORS)  # same as the first row, changed, partial block
+_KINDS = list(theme.CHAIN_COLORS)  # same as the first row, changed, partial block, new
+SAME, CHANGED, PARTIAL, NEW = range(4)
+MAX_NAME_PX = 280  # widest row name drawn whole, in px of 13 px text; a longer one is cut (its hover has it)
 
 
 @dataclass(frozen=True)
@@ -86,23 +90,31 @@ def _cells(
     zr: list[int | None] = [None] * ncols
     tr = [""] * ncols
     hr: list[str | None] = [None] * ncols
-    first_change = next((i for i, d in enumerate(row.digests) if i >= len(base) or d != base[i]), None)
+    first_change = next((i for i, d in enumerate(row.digests) if i < len(base) and d != base[i]), None)
     for i, d in enumerate(row.digests):
-        same = i < len(base) and d == base[i]
-        zr[i] = _KINDS.index(_KINDS[0] if same else _KINDS[1])
-        mark = "reference" if r == 0 else ("same" if same else "changed")
-        tr[i] = f"<b>{d[:8]}</b><br>{mark}"
-        why = ""
-        if not same and first_change is not None and i > first_change:
-            why = f"<br>changed because block {first_change} changed: each hash covers its parent's"
-        elif not same:
-            why = "<br>its tokens (or salt) differ from the first row's"
+        if i >= len(base):  # nothing to compare with: the first row never hashed a block here
+            zr[i] = NEW
+            tr[i] = f"<b>{d[:8]}</b><br>new"
+            why = (
+                f"<br>new: the first row has no full block {i}, so this hash is computed for the first "
+                f"time (a cache holding the first row has nothing for it)"
+            )
+        else:
+            same = d == base[i]
+            zr[i] = SAME if same else CHANGED
+            mark = "reference" if r == 0 else ("same" if same else "changed")
+            tr[i] = f"<b>{d[:8]}</b><br>{mark}"
+            why = ""
+            if not same and first_change is not None and i > first_change:
+                why = f"<br>changed because block {first_change} changed: each hash covers its parent's"
+            elif not same:
+                why = "<br>its tokens (or salt) differ from the first row's"
         salt = f"<br>salt {row.salt!r}" if row.salt is not None else ""
         tok = f"<br>tokens {row.texts[i]}" if row.texts[i] else ""
         hr[i] = f"<b>{row.name}</b> · block {i}<br>hash {d[:16]}…{tok}{salt}{why}"
     if row.tail:
         i = len(row.digests)
-        zr[i] = _KINDS.index(_KINDS[2])
+        zr[i] = PARTIAL
         tr[i] = f"{len(row.tail)} tok<br>no hash"
         hr[i] = (
             f"<b>{row.name}</b> · partial block {i}: {len(row.tail)} of {row.block_size} tokens "
@@ -147,21 +159,24 @@ def hash_chain_spec(
         "textfont": {"size": 12, "family": theme.MONO_FAMILY}, "hovertemplate": "%{hovertext}<extra></extra>",
         "hoverongaps": False, "name": "hashes",
     }]  # fmt: skip
-    data += [legend_entry(k, theme.CHAIN_COLORS[k]) for k in _KINDS]
+    used = {code for row in z for code in row if code is not None}
+    data += [legend_entry(k, theme.CHAIN_COLORS[k]) for code, k in enumerate(_KINDS) if code in used]
     ttl = title_text(title or "Chained block hashes", _subtitle(rows, scheme))
     top = top_margin(ttl, True)
     plot_h = len(rows) * 56
-    bottom = legend_height(data, left=110, font_px=13) + 16
+    names = [cut_to(r.name, MAX_NAME_PX, 13) for r in rows]  # hover texts give a long name in full
+    left = int(max(text_px(name, 13) for name in names)) + 16
+    bottom = legend_height(data, left=left, font_px=13) + 16
     layout = base_layout(
         ttl,
         height=plot_h + top + bottom,
-        margin={"l": 110, "r": 20, "t": top, "b": bottom},
+        margin={"l": left, "r": 20, "t": top, "b": bottom},
         legend={"orientation": "h", "y": -6 / plot_h, "x": 0, "yanchor": "top"},
         xaxis={"range": [-0.5, ncols - 0.5], "tickmode": "array", "tickvals": list(range(ncols)),
                "ticktext": [f"block {i}" for i in range(ncols)], "side": "top", "showgrid": False,
                "zeroline": False, "fixedrange": True},
         yaxis={"range": [len(rows) - 0.5, -0.5], "tickmode": "array", "tickvals": list(range(len(rows))),
-               "ticktext": [r.name for r in rows], "showgrid": False, "zeroline": False, "fixedrange": True},
+               "ticktext": names, "showgrid": False, "zeroline": False, "fixedrange": True},
     )  # fmt: skip
     return {"data": data, "layout": layout}
 

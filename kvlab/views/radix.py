@@ -20,6 +20,7 @@ from kvlab.core.snapshots import RadixNodeState, RadixState
 from kvlab.errors import InvalidArgumentError, brief
 from kvlab.views import theme
 from kvlab.views._common import (
+    LABEL_WIDTH,
     Spec,
     check_state,
     check_title,
@@ -33,6 +34,8 @@ from kvlab.views._common import (
 )
 
 _Point = tuple[float, float]
+#: The plot's width in px that box labels are fitted for: ``LABEL_WIDTH`` less the 20 px margins.
+_PLOT_PX = LABEL_WIDTH - 40
 
 
 def _radix_layout(
@@ -111,11 +114,11 @@ def _frame(
     if across:
         half_w, half_h = 0.44, 0.36  # along depth (x), along leaves (y)
         evicted_at = tuple((max_d + 1.3, float(i)) for i in runs)
-        unit_px = 940 / (max_d + 1 + (1.3 if n_evicted else 0))
+        unit_px = _PLOT_PX / (max_d + 1 + (1.3 if n_evicted else 0))
     else:
         half_w, half_h = 0.44, 0.32  # along leaves (x), along depth (y)
         evicted_at = tuple((max_u + 1.3, 1.0 + i) for i in runs)
-        unit_px = 940 / (max_u + 1 + (1.3 if n_evicted else 0))
+        unit_px = _PLOT_PX / (max_u + 1 + (1.3 if n_evicted else 0))
     chars = max(4, int(2 * half_w * unit_px / 6.8))
     return _Frame(pos, leaves, max_u, max_d, n_evicted, across, half_w, half_h, chars, evicted_at)
 

@@ -10,11 +10,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from kvlab.errors import InvalidArgumentError, brief
 from kvlab.views import theme
-from kvlab.views._common import check_title
+from kvlab.views._common import chart_layout, check_title, title_text
 
 _COLORS = (theme.BLUE, theme.VERMILLION, theme.GREEN, theme.ORANGE, theme.PURPLE, theme.SKY_BLUE)
 MAX_ROUTERS = len(_COLORS)
@@ -46,38 +45,63 @@ def _rows(results: object) -> list[tuple[str, list[int], list[float]]]:
     return rows
 
 
+def _panel(
+    i: int, rows: list[tuple[str, list[int], list[float]]], x0: float, width: float
+) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+    """(bars, axes, caption) of panel ``i``: 0 the requests per replica, 1 the hit rate per replica."""
+    ax = "" if i == 0 else "2"
+    data = []
+    for (name, requests, rates), color in zip(rows, _COLORS, strict=False):
+        labels = [str(k) for k in range(len(requests))]  # the axis title says "replica"
+        if i == 0:
+            ys, hover = requests, "replica %{x}: %{y} requests"
+        else:  # a replica that served nothing has no hit rate: no bar
+            ys = [100 * r if n else None for n, r in zip(requests, rates, strict=True)]
+            hover = "replica %{x}: %{y:.1f}% of prompt tokens from the cache"
+        data.append({
+            "type": "bar", "x": labels, "y": ys, "name": name, "legendgroup": name, "showlegend": i == 0,
+            "marker": {"color": color}, "xaxis": f"x{ax}", "yaxis": f"y{ax}",
+            "hovertemplate": f"{hover}<extra>{name}</extra>",
+        })  # fmt: skip
+    y_axis: dict[str, Any] = {"anchor": f"x{ax}", "rangemode": "tozero", "title": {"text": "requests"}}
+    if i == 1:
+        y_axis = {
+            "anchor": "x2",
+            "range": [0, 100],
+            "ticksuffix": "%",
+            "title": {"text": "% of prompt tokens"},
+        }
+    axes = {
+        f"xaxis{ax}": {
+            "domain": [x0, x0 + width],
+            "anchor": f"y{ax}",
+            "title": {"text": "replica"},
+            "type": "category",
+        },
+        f"yaxis{ax}": y_axis,
+    }
+    caption = {
+        "text": f"<b>{('requests per replica', 'hit rate per replica')[i]}</b>", "xref": "paper", "yref": "paper",
+        "x": x0 + width / 2, "y": 1.02, "showarrow": False, "xanchor": "center", "yanchor": "bottom",
+    }  # fmt: skip
+    return data, axes, caption
+
+
 def replica_load_figure(results: Sequence[Any], *, title: str | None = None) -> go.Figure:
     """Requests per replica (left) and each replica's hit rate (right), one color per router."""
     title = check_title(title)
     rows = _rows(results)
-    fig = make_subplots(
-        rows=1,
-        cols=2,
-        subplot_titles=("requests per replica", "hit rate per replica"),
-        horizontal_spacing=0.12,
-    )
-    for (name, requests, rates), color in zip(rows, _COLORS, strict=False):
-        labels = [f"replica {i}" for i in range(len(requests))]
-        fig.add_bar(x=labels, y=requests, name=name, marker_color=color, legendgroup=name, row=1, col=1)
-        fig.add_bar(
-            x=labels,
-            y=[100 * r for r in rates],
-            name=name,
-            marker_color=color,
-            legendgroup=name,
-            showlegend=False,
-            row=1,
-            col=2,
-            hovertemplate="%{x}: %{y:.1f}% of prompt tokens from the cache<extra>" + name + "</extra>",
-        )
-    fig.update_yaxes(title_text="requests", row=1, col=1)
-    fig.update_yaxes(title_text="% of prompt tokens", range=[0, 100], ticksuffix="%", row=1, col=2)
-    fig.update_layout(
-        title=title or "Load and hit rate per replica",
-        barmode="group",
-        height=420,
-        template="simple_white",
-        legend={"orientation": "h", "y": -0.15},
-        margin={"l": 60, "r": 20, "t": 80, "b": 80},
-    )
-    return fig
+    gap = 0.16  # room for the right panel's y-axis title
+    width = (1 - gap) / 2
+    data, annotations, axes = [], [], {}
+    for i in range(2):
+        bars, panel_axes, caption = _panel(i, rows, i * (width + gap), width)
+        data += bars
+        axes.update(panel_axes)
+        annotations.append(caption)
+    subtitle = "one bar per router; a replica that served no request has no hit rate"
+    layout = chart_layout(
+        title_text(title or "Load and hit rate per replica", subtitle), 260, data,
+        above=24, barmode="group", annotations=annotations, **axes,
+    )  # fmt: skip
+    return go.Figure({"data": data, "layout": layout})

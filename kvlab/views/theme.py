@@ -83,6 +83,7 @@ CHAIN_COLORS: dict[str, str] = {
     "same as the first row": GREEN,
     "changed": VERMILLION,
     "partial block (not hashed)": LIGHT_GREY,
+    "new (the first row has no such block)": SKY_BLUE,
 }
 
 FONT_FAMILY = "DejaVu Sans, Helvetica, Arial, sans-serif"

@@ -15,9 +15,15 @@ def test_one_bar_per_replica_and_router():
         for r in (round_robin, user_hash)
     ]
     fig = replica_load_figure(results)
-    assert len(fig.data) == 4
-    assert list(fig.data[0].y) == list(results[0].requests)
-    assert list(fig.data[1].y) == pytest.approx([100 * r for r in results[0].replica_hit_rates])
+    assert len(fig.data) == 4  # the left panel's bars (one trace per router), then the right panel's
+    load = [t for t in fig.data if t.xaxis == "x"]
+    rates = [t for t in fig.data if t.xaxis == "x2"]
+    for result, left, right in zip(results, load, rates, strict=True):
+        assert left.name == right.name == result.name
+        assert list(left.y) == list(result.requests)
+        assert list(right.y) == pytest.approx(
+            [100 * r if n else None for n, r in zip(result.requests, result.replica_hit_rates, strict=True)]
+        )
 
 
 @pytest.mark.parametrize("bad", [[], "x", [1], [object()] * 7, None])
