@@ -1,75 +1,214 @@
-"""``compare_table``: what kvlab computed beside the figure the lesson printed, one row per figure.
+"""``compare_table``: what kvlab computed beside the figures its sources give, one row per figure.
 
-Each row gets a mark that says whether they agree. When $KVLAB_EXERCISE_LOG is set (the notebook
-tests set it), each table also appends a JSON line ``{"compare": title, "ok": bool, "mismatches":
-[...]}`` (``kvlab.lessons.log``), so a figure that drifts from the lesson fails CI instead of only
-showing a mark.
+A source is where a figure comes from: the lesson, or a real server kvlab observed (its label names
+the build and the model, e.g. ``"llama-server 0c1e57098 (tiny test model)"``). Each row gets a mark
+that says whether kvlab agrees with every source that gives the figure; a source that does not
+give it shows "—". Lesson figures kvlab does not reproduce are listed under the table with the
+reason, so none is quietly left out.
+
+When $KVLAB_EXERCISE_LOG is set (the notebook tests set it), each table also appends a JSON line
+``{"compare": title, "ok": bool, "mismatches": [...]}`` (``kvlab.lessons.log``), so a figure that
+drifts from a source fails CI instead of only showing a mark.
 """
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from kvlab.errors import InvalidArgumentError
+import numpy as np
+
+from kvlab.errors import LIMITS, InvalidArgumentError, brief, check_items, check_text
 from kvlab.lessons.log import log_event
 
+MISSING = "—"
+"""What a cell shows when its source does not give the figure."""
 
-def _plain(value: Any) -> Any:
-    """Tuples as lists and numpy scalars/arrays as Python values, so equal figures compare equal."""
-    if hasattr(value, "tolist"):
+LESSON_ONLY = ("lesson",)
+MAX_SOURCES = 4
+MAX_LABEL = 60  # characters of a source label (a column head)
+MAX_NAME = 120  # characters of a figure's name (a row head)
+MAX_TEXT = 400  # characters of a title, a text figure or a reason
+WRAP = 108  # a reason wraps at this width, to stay readable under the table
+
+
+def _figure(name: str, value: object, depth: int = 0) -> Any:
+    """A figure as a plain Python value (bool, int, float, str, or a list or dict of them), or a refusal.
+
+    Tuples become lists and numpy values Python ones, so equal figures compare equal; a model's
+    tuple-like views (a block table) are read as lists. Anything else is refused, so no object's
+    own ``__eq__`` decides whether kvlab agrees with a source.
+    """
+    if depth > LIMITS.json_depth:
+        raise InvalidArgumentError(f"{name} is nested more than {LIMITS.json_depth} deep")
+    if isinstance(value, (np.generic, np.ndarray)):
+        if value.dtype.kind not in "biuf":
+            raise InvalidArgumentError(f"{name} must hold numbers, got a numpy {value.dtype} value")
         value = value.tolist()
+    if isinstance(value, bool):  # bool has no subclasses; numpy bools were made plain above
+        return value
+    if isinstance(value, int):
+        return int.__int__(value)  # a subclass by its value: never its own __eq__
+    if isinstance(value, float):
+        return float.__float__(value)
+    if isinstance(value, str):
+        text = check_text(name, value)
+        if len(text) > MAX_TEXT:
+            raise InvalidArgumentError(f"{name} must be at most {MAX_TEXT} characters, got {len(text)}")
+        return text
+    if isinstance(value, dict):  # read through dict's own methods, never a subclass's
+        pairs = list(dict.items(value))
+        if len(pairs) > LIMITS.count:
+            raise InvalidArgumentError(f"{name} holds more than {LIMITS.count:,} items (LIMITS.count)")
+        return {_key(name, k): _figure(name, v, depth + 1) for k, v in pairs}
     if isinstance(value, (list, tuple)) or (
-        isinstance(value, Sequence) and not isinstance(value, (str, bytes, bytearray))
-    ):  # a model's tuple-like views (a block table) too
-        return [_plain(v) for v in value]
-    return value
+        isinstance(value, Sequence) and not isinstance(value, (bytes, bytearray, int, float))
+    ):
+        return [_figure(name, v, depth + 1) for v in check_items(name, value, "count")]
+    raise InvalidArgumentError(
+        f"{name} must be a number, a string, or a list or dict of them, got {brief(value)} ({type(value).__name__})"
+    )
+
+
+def _key(name: str, key: object) -> int | str:
+    """A dict figure's key: a plain int or a short string (a block id, a request id)."""
+    if isinstance(key, int) and not isinstance(key, bool):
+        return int.__int__(key)
+    if isinstance(key, str):
+        return _label(f"a key of {name}", key)
+    raise InvalidArgumentError(f"the keys of {name} must be ints or strings, got {brief(key)}")
 
 
 def _show(value: Any, *, nested: bool = False) -> str:
     """A lone integer gets thousands separators (2,350); numbers inside lists print plainly, as the
-    lessons print them ([557, 1324])."""
-    value = _plain(value)
+    lessons print them ([557, 1324]); a figure a source does not give prints as "—"."""
+    if value is None:
+        return MISSING
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value) if nested else f"{value:,}"
     if isinstance(value, list):
         return "[" + ", ".join(_show(v, nested=True) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k!r}: {_show(v, nested=True)}" for k, v in value.items()) + "}"
     return str(value)
 
 
-def compare_table(
-    rows: Iterable[Sequence[Any]], title: str = "kvlab vs the lesson", *, against: str = "lesson"
-) -> None:
-    """Print ``(what, kvlab value, lesson value)`` rows side by side with ✓ where they agree.
-
-    Values agree when they are equal after tuples become lists and numpy
-    values become Python ones; format floats yourself (``f"{x:.1f}%"``) to
-    compare them at the lesson's precision. ``against`` names the second
-    column when its numbers are not the lesson's (``"server"``: what a real
-    server reported).
-    """
-    if not isinstance(title, str):
-        raise InvalidArgumentError(f"title must be a string, got {title!r}")
-    if type(against) is not str or not 0 < len(against) <= 40:
+def _label(name: str, value: object, *, limit: int = MAX_LABEL) -> str:
+    """A non-empty one-line label of at most ``limit`` characters (a column head, a figure's name)."""
+    text = check_text(name, value, allow_empty=False)
+    if len(text) > limit or "\n" in text:
         raise InvalidArgumentError(
-            f"against must name the second column (1 to 40 characters), got {against!r}"
+            f"{name} must be one line of at most {limit} characters, got {brief(text)}"
         )
-    shape = "rows must be a non-empty list of (what, kvlab value, lesson value) triples"
-    if isinstance(rows, (str, bytes)) or not hasattr(rows, "__iter__"):
-        raise InvalidArgumentError(f"{shape}, got {type(rows).__name__}")
-    table = [tuple(r) if isinstance(r, (list, tuple)) else (r,) for r in rows]
-    if not table or any(len(r) != 3 for r in table):
+    return text
+
+
+def _sources(sources: object, against: object) -> tuple[str, ...]:
+    """The column heads after "kvlab": ``sources``, or the old one-column ``against=``."""
+    if against is not None:
+        if sources is not LESSON_ONLY:
+            raise InvalidArgumentError("give either sources=(...) or the older against=..., not both")
+        return (_label("against", against, limit=40),)
+    items = check_items("sources", sources, what="a tuple of source labels")
+    if not 1 <= len(items) <= MAX_SOURCES:
+        raise InvalidArgumentError(f"sources must name 1 to {MAX_SOURCES} sources, got {len(items)}")
+    labels = tuple(_label("each source", s) for s in items)
+    if len(set(labels)) != len(labels) or "kvlab" in labels:
+        raise InvalidArgumentError(f"sources must be distinct and other than 'kvlab', got {list(labels)}")
+    return labels
+
+
+def _rows(rows: object, sources: tuple[str, ...]) -> list[tuple[str, Any, list[Any]]]:
+    """Each row as (what, kvlab's figure, one figure or None per source); at least one source gives it."""
+    width = 2 + len(sources)
+    shape = (
+        f"rows must be a non-empty list of (what, kvlab value, {', '.join(f'{s} value' for s in sources)})"
+        f" rows of {width} items"
+    )
+    items = check_items("rows", rows, what=shape) if rows is not None else []
+    if not items:
         raise InvalidArgumentError(shape)
-    cells = [
-        (str(what), _show(ours), _show(theirs), _plain(ours) == _plain(theirs))
-        for what, ours, theirs in table
+    table = []
+    for row in items:
+        cells = check_items("a row", row, what=shape) if isinstance(row, (list, tuple)) else None
+        if cells is None or len(cells) != width:
+            raise InvalidArgumentError(f"{shape}, got {brief(row)}")
+        what = _label("a row's figure name", cells[0], limit=MAX_NAME)
+        theirs = [
+            None if v is None else _figure(f"{what!r} ({s})", v)
+            for s, v in zip(sources, cells[2:], strict=True)
+        ]
+        if all(v is None for v in theirs):
+            raise InvalidArgumentError(
+                f"row {what!r}: no source gives this figure, so there is nothing to compare"
+            )
+        table.append((what, _figure(f"{what!r} (kvlab)", cells[1]), theirs))
+    return table
+
+
+def _not_reproduced(not_reproduced: object) -> list[tuple[str, str]]:
+    """(figure, reason) pairs: lesson figures kvlab does not reproduce, and why."""
+    shape = "not_reproduced must be a list of (figure, reason) pairs"
+    out = []
+    for pair in check_items("not_reproduced", not_reproduced, what=shape):
+        cells = check_items("a pair", pair, what=shape) if isinstance(pair, (list, tuple)) else None
+        if cells is None or len(cells) != 2:
+            raise InvalidArgumentError(f"{shape}, got {brief(pair)}")
+        out.append(
+            (
+                _label("a figure not reproduced", cells[0], limit=MAX_TEXT),
+                _label("its reason", cells[1], limit=MAX_TEXT),
+            )
+        )
+    return out
+
+
+def compare_table(
+    rows: Iterable[Sequence[Any]],
+    title: str = "kvlab vs the lesson",
+    *,
+    sources: Sequence[str] = LESSON_ONLY,
+    not_reproduced: Iterable[Sequence[str]] = (),
+    against: str | None = None,
+) -> None:
+    """Print ``(what, kvlab value, one value per source)`` rows side by side with ✓ where they agree.
+
+    A value None means the source does not give that figure: it prints as "—" and is not
+    compared. Values agree when they are equal after tuples become lists and numpy values become
+    Python ones; format floats yourself (``f"{x:.1f}%"``) to compare at the source's precision.
+    ``not_reproduced`` lists ``(figure, reason)`` for the source's figures kvlab does not compute;
+    they print under the table. ``against="server"`` is the older spelling of ``sources=("server",)``.
+    """
+    title = _label("title", title, limit=MAX_TEXT)
+    heads = _sources(sources, against)
+    table = _rows(rows, heads)
+    missing = _not_reproduced(not_reproduced)
+
+    cells = []
+    for what, ours, theirs in table:
+        differ = [s for s, v in zip(heads, theirs, strict=True) if v is not None and v != ours]
+        mark = "✓" if not differ else "✗ differs" + (f" from {', '.join(differ)}" if len(heads) > 1 else "")
+        cells.append((what, _show(ours), [_show(v) for v in theirs], mark))
+    widths = [
+        max(len("figure"), *(len(c[0]) for c in cells)),
+        max(len("kvlab"), *(len(c[1]) for c in cells)),
+        *(max(len(h), *(len(c[2][i]) for c in cells)) for i, h in enumerate(heads)),
     ]
-    w0 = max(len("figure"), *(len(c[0]) for c in cells))
-    w1 = max(len("kvlab"), *(len(c[1]) for c in cells))
-    w2 = max(len(against), *(len(c[2]) for c in cells))
     print(title)
-    print(f"  {'figure':<{w0}}  {'kvlab':>{w1}}  {against:>{w2}}")
-    for what, ours, theirs, ok in cells:
-        print(f"  {what:<{w0}}  {ours:>{w1}}  {theirs:>{w2}}  {'✓' if ok else '✗ differs'}")
-    mismatches = [c[0] for c in cells if not c[3]]
-    log_event({"compare": title, "ok": not mismatches, "mismatches": mismatches})
+    head = "  ".join(f"{h:>{w}}" for h, w in zip(("kvlab", *heads), widths[1:], strict=True))
+    print(f"  {'figure':<{widths[0]}}  {head}")
+    for what, ours, theirs, mark in cells:
+        values = "  ".join(f"{v:>{w}}" for v, w in zip((ours, *theirs), widths[1:], strict=True))
+        print(f"  {what:<{widths[0]}}  {values}  {mark}")
+    if missing:
+        print("  not reproduced by kvlab:")
+        for figure, reason in missing:
+            print(
+                textwrap.fill(f"{figure}: {reason}", WRAP, initial_indent="    ", subsequent_indent="      ")
+            )
+    mismatches = [c[0] for c in cells if c[3] != "✓"]
+    record: dict[str, Any] = {"compare": title, "ok": not mismatches, "mismatches": mismatches}
+    if missing:
+        record["not_reproduced"] = [figure for figure, _ in missing]
+    log_event(record)

@@ -1,12 +1,8 @@
-"""The course's map and the small helpers its notebooks share.
+"""The course's map: ``COURSE`` lists the seventeen notebooks in order (file names, titles, time estimates).
 
-``COURSE`` lists the seventeen notebooks in order (file names, titles, time
-estimates); the start page, the instructors' page and the storage test read it.
-``compare_table`` prints what kvlab computed beside the figure the lesson
-printed, one row per figure, with a mark that says whether they agree. When
-$KVLAB_EXERCISE_LOG is set (the notebook tests set it), each table also
-appends a JSON line ``{"compare": title, "ok": bool, "mismatches": [...]}``,
-so a figure that drifts from the lesson fails CI instead of only showing a ✗.
+The start page, the instructors' page and the storage test read it; ``total_minutes()`` is the one
+figure both pages state for the whole course (635 minutes, about 10.6 hours). Comparison tables
+(kvlab's figures beside the lesson's and a real server's) are ``kvlab.lessons.compare.compare_table``.
 """
 
 from __future__ import annotations
@@ -57,3 +53,9 @@ COURSE: tuple[Notebook, ...] = (
     Notebook("16", "16_your_own_traffic", "Your own server, your own traffic", 60,
              "predict a server's counters from its trace, price an agent's prompts, route a fleet"),
 )  # fmt: skip
+
+
+def total_minutes() -> int:
+    """Minutes for the whole course, this start page included: the total both the start page and the
+    instructors' page state, so they cannot drift apart."""
+    return sum(notebook.minutes for notebook in COURSE)

@@ -153,12 +153,15 @@ def run_example_7(
 
 @dataclass(frozen=True)
 class Example7:
-    """Lesson example 7: which hashes were evicted, the free queue after each finished request, the log."""
+    """Lesson example 7: which hashes were evicted, the free queue after each finished request, the log,
+    and each request's block table and cache hits as its allocation returned them."""
 
     evictions: tuple[str, ...]
     queues: tuple[tuple[int, ...], ...]
     log: tuple[str, ...]
     history: History[BlockPoolState]
+    tables: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)  # each request's block table
+    hits: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)  # blocks its lookup hit
 
 
 def example_7_scenario(block_size: int = 16, *, hash_scheme: str = "lesson") -> dict:
@@ -191,12 +194,15 @@ def example_7(block_size: int = 16, *, hash_scheme: str = "lesson") -> Example7:
     evictions: list[str] = []
     queues: list[tuple[int, ...]] = []
     log: list[str] = []
+    tables: dict[str, tuple[int, ...]] = {}
+    hits: dict[str, tuple[int, ...]] = {}
     for op, request_id, result in run_example_7(cache, labels):
         if op == "free":
             queues.append(tuple(cache.free_queue()))
             log.append(f"  {request_id} finished; free queue, front first: {list(queues[-1])}")
             continue
         assert isinstance(result, AllocationResult)
+        tables[request_id], hits[request_id] = tuple(result.block_table), tuple(result.hit_block_ids)
         names = EXAMPLE_7_REQUESTS[request_id]
         parts = [f"{names[i]} hit in block {b}" for i, b in enumerate(result.hit_block_ids)]
         dropped = dict(zip(result.evicted, result.evicted_hashes, strict=True))
@@ -208,4 +214,6 @@ def example_7(block_size: int = 16, *, hash_scheme: str = "lesson") -> Example7:
                 parts.append(f"{names[i]} into block {b}")
         log.append(f"{request_id}: " + ", ".join(parts))
     assert cache.history is not None
-    return Example7(tuple(evictions), tuple(queues), tuple(log), named_history(cache.history, labels))
+    return Example7(
+        tuple(evictions), tuple(queues), tuple(log), named_history(cache.history, labels), tables, hits
+    )
