@@ -10,10 +10,17 @@ answer = [True, False, True, False]
 check("12.1", answer)
 """,
     "12.2": """\
-# The cells hold 1,073..1,840. They serve a reuse point n only when 1,073 < n - 128,
-# i.e. n > 1,201: the smallest shared prefix that survives is 1,202 tokens.
-answer = 1202
-check("12.2", answer)
+def decide(n_past, oldest_held, checkpoints, n_swa):
+    threshold = max(0, n_past - n_swa)  # the local layers need positions threshold .. n_past - 1
+    if oldest_held < threshold:  # strictly below: llama.cpp 0c1e57098 (the lesson's follow-up line uses <=)
+        return "cells"
+    for pos_min, pos_max in reversed(checkpoints):  # newest first
+        if pos_max <= n_past and (pos_min < threshold or pos_min == 0):
+            return (pos_min, pos_max)
+    return "start over"
+
+
+check("12.2", decide)
 """,
     "12.3": """\
 # 3,000 - 4 - 512 = 2,484 and 3,000 - 4 = 2,996: the prompt is split there, and a

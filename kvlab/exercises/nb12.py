@@ -6,12 +6,12 @@ The expected answers come from ``kvlab.server.swa`` (``SwaSlot``, ``checkpoint_p
 
 from __future__ import annotations
 
-import copy
-from functools import cache
+import random
+from dataclasses import dataclass
 from typing import Any
 
 from kvlab.core.snapshots import Checkpoint
-from kvlab.exercises.core import NotYet, all_whole, exercise, expect_two_whole
+from kvlab.exercises.core import NotYet, all_whole, call, exercise, expect_two_whole
 from kvlab.server.swa import SwaConfig, SwaSlot, checkpoint_plan, checkpoint_usable
 
 N_SWA = 128
@@ -22,9 +22,8 @@ USABLE_CASES = (
     ("C", Checkpoint(0, 344, 345), 350),
     ("D", Checkpoint(300, 349, 350), 350),
 )
-LONG_PROMPT = 1841  # 12.2: the lesson's first request
 PLAN_TOKENS = 3000  # 12.3
-CHAT_PROMPT, CHAT_USER_START = 1800, 345  # 12.4: the notes' chat run
+CHAT_PROMPT, CHAT_USER_START = 1800, 345  # 12.4: the chat-endpoint run kvlab observed on a real server
 CHAT_SHARED, CHAT_TOTAL = 400, 420
 
 
@@ -73,83 +72,143 @@ def usable_or_not(answer: list[Any]) -> str:
     raise NotYet("Check each case against both conditions.")  # pragma: no cover - the loop always finds one
 
 
-@cache
-def _after_long_prompt() -> SwaSlot:
-    slot = SwaSlot(SwaConfig(ctx_checkpoints=0))
-    slot.complete(list(range(10_000, 10_000 + LONG_PROMPT)))
-    return slot
+# 12.2: each case is a run on kvlab's SwaSlot: (first prompt's length, where its last user message
+# starts or None, tokens generated, -ctxcp, window, shared tokens). "shared" is a number, or
+# ("edge", d): the ring's oldest position + window + d, one side or the other of the boundary.
+Shared = int | tuple[str, int]
+DecideCase = tuple[int, int | None, int, int, int, Shared]
+DECIDE_CASES: tuple[DecideCase, ...] = (
+    (1841, None, 1, 32, N_SWA, 350),  # the lesson's request 2
+    (1841, None, 1, 32, N_SWA, 1800),
+    (1841, None, 1, 0, N_SWA, ("edge", 0)),  # 1,201: the oldest cell is exactly n_past - 128
+    (1841, None, 1, 0, N_SWA, ("edge", 1)),  # 1,202
+    (1800, 345, 1, 32, N_SWA, 400),  # the chat run: the user-message checkpoint serves
+    (1800, 345, 1000, 32, N_SWA, 1500),  # the ring moved on: two checkpoints fit, the newer one serves
+    (600, None, 1, 32, N_SWA, 100),  # inside the first window: the threshold is 0
+)
+NEW_TOKENS = 20  # the second request's own tokens after the shared part
 
 
-def _ring_reuses(shared: int) -> bool:
-    """Does the -ctxcp 0 server keep ``shared`` tokens when a request shares them and then differs?"""
-    slot = copy.deepcopy(_after_long_prompt())
-    prompt = list(range(10_000, 10_000 + shared)) + list(range(60_000, 60_020))
-    return slot.complete(prompt).cache_n == shared
+def _decide_cases(rng: random.Random | None) -> list[DecideCase]:
+    """The notebook's runs; with ``rng``, eight fresh ones too (the grader's hidden cases)."""
+    cases = list(DECIDE_CASES)
+    for _ in range(8 if rng else 0):
+        assert rng is not None
+        n_swa = rng.choice([64, 128, 256])
+        first = rng.randint(n_swa + 50, 2600)
+        user = rng.choice([None, rng.randint(1, first - 1)])
+        generated = rng.choice([1, 1, rng.randint(2, 1200)])
+        ctxcp = rng.choice([32, 32, 0, 2])
+        shared: Shared = ("edge", rng.choice([-1, 0, 1])) if rng.random() < 0.4 else rng.randint(1, first - 1)
+        cases.append((first, user, generated, ctxcp, n_swa, shared))
+    return cases
 
 
-@cache
-def _smallest_ring_reuse() -> int:
-    lo, hi = 1, LONG_PROMPT  # reuse fails for lo... and holds at hi - 1 (the cells hold the end)
-    assert _ring_reuses(hi - 1)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if _ring_reuses(mid):
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
+@dataclass(frozen=True)
+class _Decided:
+    """One 12.2 case as the student's function sees it, and what the slot did."""
+
+    n_past: int
+    oldest_held: int
+    checkpoints: list[tuple[int, int]]
+    n_swa: int
+    outcome: str | tuple[int, int]  # "cells", "start over", or the restored checkpoint's span
+
+
+def _run_decide_case(case: DecideCase) -> _Decided:
+    first_len, user, generated, ctxcp, n_swa, shared = case
+    slot = SwaSlot(SwaConfig(n_swa=n_swa, ctx_checkpoints=ctxcp))
+    first = list(range(10_000, 10_000 + first_len))
+    slot.complete(first, max_tokens=generated, user_starts=[] if user is None else [user])
+    n_past = slot.ring.pos_min + n_swa + shared[1] if isinstance(shared, tuple) else shared
+    n_past = min(max(n_past, 1), first_len - 1)
+    spans = [c.span for c in slot.checkpoints]
+    rec = slot.complete(first[:n_past] + list(range(90_000, 90_000 + NEW_TOKENS)))
+    outcome: str | tuple[int, int] = (
+        rec.restored.span if rec.restored is not None else "start over" if rec.forced_full else "cells"
+    )
+    return _Decided(n_past, rec.ring_pos_min, spans, n_swa, outcome)
+
+
+def _as_outcome(got: Any) -> str | tuple[int, int] | None:
+    """The student's return value as "cells", "start over" or a (pos_min, pos_max) pair; None if neither."""
+    if got in ("cells", "start over"):
+        return got
+    if isinstance(got, (list, tuple)) and len(got) == 2 and all_whole(got):
+        return (int(got[0]), int(got[1]))
+    return None
 
 
 @exercise(
     "12.2",
-    title="The smallest reuse point the ring supports",
-    assesses="reading the ring's contents and the server's strict test: when the SWA cells alone can continue a prompt",
-    minutes=8,
-    answer_type="int",
+    title="Write the reuse rule",
+    assesses="stating llama-server 0c1e57098's reuse rule exactly: the SWA cells first (strictly below the "
+    "threshold), then the checkpoints newest first, else start over",
+    minutes=10,
+    answer_type="function",
+    cases=_decide_cases,
     points=2,
     difficulty="core",
     prerequisites=["12.1"],
     hints=[
-        "After the 1,841-token prompt the SWA cells hold positions 1,073 to 1,840. To continue at n the server "
-        "needs positions from n - 128.",
-        "The server uses the cells only when their oldest position is strictly below n - 128; otherwise it looks "
-        "for a checkpoint, and with -ctxcp 0 there is none.",
+        "Three steps in order: can the SWA cells serve (their oldest position strictly below n_past - n_swa)? "
+        "If not, which checkpoint, newest first, ends at or before n_past and starts below n_past - n_swa "
+        "(or at 0)? If none, start over.",
+        "checkpoints come oldest first: walk them with reversed(checkpoints), return the first usable pair "
+        "as it was given, and compare the oldest cell with < (llama.cpp 0c1e57098), not <= (the lesson's "
+        "follow-up line).",
     ],
 )
-def smallest_ring_reuse(answer: int) -> str:
-    expected = _smallest_ring_reuse()
-    oldest = _after_long_prompt().ring.pos_min
-    if answer == expected:
-        return (
-            f"At {expected:,} the local layers need positions from {expected - N_SWA:,}, and the oldest cell holds "
-            f"{oldest:,}, strictly below it. Every shared prefix from {expected:,} to {LONG_PROMPT - 1:,} tokens is "
-            "kept; any shorter one is processed again from position 0."
-        )
-    if answer == expected - 1:
-        raise NotYet(
-            f"Close. At {answer} the window needs positions from {answer - N_SWA}, the oldest the cells hold, "
-            "but the server's test is strict: it uses the cells only when their oldest position is *below* "
-            "n - 128 (current llama.cpp; older builds compared the other way and would accept this one)."
-        )
-    if answer == oldest:
-        raise NotYet(
-            f"{oldest} is the oldest position the cells hold; a reuse point also needs the 128 positions before it."
-        )
-    if answer == LONG_PROMPT - N_SWA:
-        raise NotYet(
-            f"{answer} is where the append-only follow-up's window starts; "
-            "look for the smallest shared prefix instead."
-        )
-    if answer >= LONG_PROMPT:
-        raise NotYet(
-            f"The second request shares part of the first one's {LONG_PROMPT:,} tokens; give a smaller number."
-        )
-    if answer < expected:
-        raise NotYet(
-            f"At {answer} the local layers would need positions from {max(0, answer - N_SWA)}; "
-            f"the cells start at {oldest}."
-        )
-    raise NotYet(f"{answer} works, but a smaller shared prefix works too.")
+def reuse_rule(answer: Any, cases: list[DecideCase]) -> str:
+    for case in cases:
+        d = _run_decide_case(case)
+        threshold = max(0, d.n_past - d.n_swa)
+        got = call(answer, d.n_past, d.oldest_held, list(d.checkpoints), d.n_swa)
+        said = f"decide({d.n_past}, {d.oldest_held}, {d.checkpoints}, {d.n_swa}) returned {got!r}"
+        outcome = _as_outcome(got)
+        if outcome is None:
+            raise NotYet(
+                f'{said}; return "cells", "start over", or one of the checkpoints as its (pos_min, pos_max).'
+            )
+        if outcome == d.outcome:
+            continue
+        if outcome == "cells" and threshold == 0:
+            raise NotYet(
+                f"{said}. n_past - n_swa is 0 or less, so the threshold is 0 and no cell can lie below it: "
+                "the server looks for a checkpoint, even though the cells hold position 0."
+            )
+        if outcome == "cells" and d.oldest_held == threshold:
+            raise NotYet(
+                f"{said}. The oldest cell holds {d.oldest_held}, exactly n_past - n_swa: llama.cpp 0c1e57098 "
+                "lets the cells serve only when their oldest position is strictly below it."
+            )
+        if outcome == "cells":
+            raise NotYet(f"{said}. The cells start at {d.oldest_held}, not below {threshold}.")
+        if d.outcome == "cells":
+            raise NotYet(
+                f"{said}. The oldest cell holds {d.oldest_held}, below {threshold}: the cells serve."
+            )
+        if isinstance(outcome, tuple) and outcome not in d.checkpoints:
+            raise NotYet(
+                f"{said}, which is not one of the checkpoints; return the one that serves as it was given."
+            )
+        if isinstance(outcome, tuple) and isinstance(d.outcome, tuple):
+            raise NotYet(
+                f"{said}. Two checkpoints may be usable: the server takes the newest (the last in the list)."
+            )
+        if isinstance(outcome, tuple):
+            pos_min, pos_max = outcome
+            why = (
+                f"it ends at {pos_max}, after {d.n_past}"
+                if pos_max > d.n_past
+                else (f"it starts at {pos_min}, not below {threshold}, and not at 0")
+            )
+            raise NotYet(f"{said}, but {why}.")
+        raise NotYet(f"{said}. One checkpoint ends by {d.n_past} and starts early enough: which?")
+    return (
+        f"It decides as kvlab's SwaSlot (llama.cpp 0c1e57098) on {len(cases)} runs, the boundary included, "
+        "where one shared token more or less decides between keeping the prefix and computing it again."
+    )
 
 
 @exercise(
@@ -162,8 +221,8 @@ def smallest_ring_reuse(answer: int) -> str:
     difficulty="core",
     prerequisites=["12.1"],
     hints=[
-        "For 1,841 tokens they were taken at 1,325 and 1,837 tokens; for 1,800 at 1,284 and 1,796. "
-        "How far is each from the end?",
+        "For 1,841 tokens they were taken at 1,325 and 1,837 tokens (the lesson); for 1,800 at 1,284 and "
+        "1,796 (a real llama-server 0c1e57098). How far is each from the end?",
         "The prompt is cut so that its last 4 + 512 tokens and its last 4 tokens start new batches; a checkpoint "
         "is taken just before each of those batches. Give n_tokens, the tokens processed when it was taken.",
     ],
@@ -214,7 +273,7 @@ def _chat_second() -> tuple[int, int, int]:
         "The ring cannot serve a reuse point this far back, so the server looks through its checkpoints, "
         "newest first. Which one ends by the reuse point?",
         "It restores the checkpoint taken where the user message starts and restarts at that checkpoint's last "
-        "position, as in the notes' run; everything from there on is processed.",
+        "position, as in the chat-endpoint example; everything from there on is processed.",
     ],
 )
 def chat_cache_n(answer: list[Any]) -> str:

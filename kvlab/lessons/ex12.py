@@ -3,21 +3,38 @@
 The lesson ran two requests on three llama-server configurations -- ``-ctxcp 0``,
 the default (32 context checkpoints) and ``--swa-full -ctxcp 0`` -- a 1,841-token
 prompt, then one that shares its first 350 tokens and adds 4; and an append-only
-follow-up on the default server. The course notes add a chat-endpoint run where
-the last user message starts at token 345. Both are replayed here on
-``kvlab.server.swa.SwaSlot``.
+follow-up on the default server. kvlab also ran requests on a real llama-server
+(llama.cpp 0c1e57098, the tiny gemma3 test model with the lesson's window of 128):
+a chat-endpoint run where the last user message starts at token 345, a
+1,800-token ``/completion`` prompt, and reuse points on either side of the ring's
+boundary. All are replayed here on ``kvlab.server.swa.SwaSlot``; the ``show_*``
+functions print each part's figures next to the source that gives them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvlab.errors import check_size
-from kvlab.server.swa import SwaConfig, SwaRequestRecord, SwaSlot
+from kvlab.core.snapshots import SwaState
+from kvlab.errors import InvalidArgumentError, check_int, check_size
+from kvlab.lessons.compare import compare_table
+from kvlab.server.swa import (
+    Checkpoint,
+    CheckpointCheck,
+    SwaConfig,
+    SwaRequestRecord,
+    SwaSlot,
+    checkpoint_plan,
+    checkpoint_usable,
+)
 
 LESSON_PROMPT = 1841
 LESSON_SHARED = 350
 LESSON_SHORT = 354
+
+#: The column of figures kvlab observed on a real server (tools/conformance, kvlab.lessons.real_llama).
+REAL = "llama-server 0c1e57098 (tiny gemma3)"
 
 
 @dataclass(frozen=True)
@@ -80,32 +97,220 @@ def example_12(follow_up_tokens: int = 12) -> Example12:
     return Example12(out["ctxcp0"], out["default"], out["swa_full"], rec, slots)
 
 
-NOTES_CHAT_PROMPT = 1800
-NOTES_USER_START = 345
-NOTES_CHAT_SECOND = 386
+CHAT_PROMPT = 1800
+CHAT_USER_START = 345
+CHAT_SECOND = 386
 
 
 def example_12_chat() -> tuple[SwaRequestRecord, SwaRequestRecord, SwaSlot]:
-    """The notes' chat-endpoint run: the last user message starts at token 345 in both requests.
+    """kvlab's chat-endpoint run on a real llama-server: the last user message starts at token 345.
 
     The second request (350 shared tokens + 36) restores the checkpoint taken
     where that message starts, with n_past one less than its n_tokens: cache_n
     344, prompt_n 42; the two later checkpoints are erased.
     """
-    first = list(range(20_000, 20_000 + NOTES_CHAT_PROMPT))
-    second = first[:LESSON_SHARED] + list(range(70_000, 70_000 + NOTES_CHAT_SECOND - LESSON_SHARED))
+    first = list(range(20_000, 20_000 + CHAT_PROMPT))
+    second = first[:LESSON_SHARED] + list(range(70_000, 70_000 + CHAT_SECOND - LESSON_SHARED))
     slot = SwaSlot(SwaConfig())
-    a = slot.complete(first, user_starts=[NOTES_USER_START])
-    b = slot.complete(second, user_starts=[NOTES_USER_START])
+    a = slot.complete(first, user_starts=[CHAT_USER_START])
+    b = slot.complete(second, user_starts=[CHAT_USER_START])
     return a, b, slot
+
+
+def branch_after_long_prompt(shared: int, *, ctx_checkpoints: int = 0) -> SwaSlot:
+    """The lesson's 1,841-token prompt, then a request that shares its first ``shared`` tokens and adds 4.
+
+    ``slot.records[-1]`` is the second request; ``swa_decision_figure(slot.history)`` draws its verdict.
+    """
+    shared = check_int("shared", shared, minimum=1)
+    if shared >= LESSON_PROMPT:
+        raise InvalidArgumentError(
+            f"shared must be below the long prompt's {LESSON_PROMPT:,} tokens, got {shared}"
+        )
+    check_int("ctx_checkpoints", ctx_checkpoints, minimum=0)
+    long_prompt = list(range(10_000, 10_000 + LESSON_PROMPT))
+    slot = SwaSlot(SwaConfig(ctx_checkpoints=ctx_checkpoints))
+    slot.complete(long_prompt)
+    slot.complete(long_prompt[:shared] + list(range(50_000, 50_004)))
+    return slot
+
+
+def state_before(slot: SwaSlot, request: int) -> SwaState:
+    """The slot's snapshot just before request ``request`` (1 = the first) arrived, for ``swa_figure``."""
+    if not isinstance(slot, SwaSlot):
+        raise InvalidArgumentError(f"slot must be a SwaSlot, got {type(slot).__name__}")
+    request = check_int("request", request, minimum=1)
+    arrivals = [i for i, step in enumerate(slot.history) if getattr(step.event, "kind", None) == "swa.reuse"]
+    if request > len(arrivals):
+        raise InvalidArgumentError(f"the slot served {len(arrivals)} requests, got request={request}")
+    return slot.history[arrivals[request - 1] - 1].state
+
+
+# ---------------------------------------------------------------------- the tables a notebook prints
+
+
+def _spans(checkpoints: Sequence[Checkpoint | CheckpointCheck]) -> str:
+    """Checkpoint spans as the server logs them: "[557, 1324], [1069, 1836]"."""
+    return ", ".join(f"[{c.pos_min}, {c.pos_max}]" for c in checkpoints)
+
+
+def _check_example(ex: object) -> Example12:
+    if not isinstance(ex, Example12):
+        raise InvalidArgumentError(f"ex must be what example_12() returns, got {type(ex).__name__}")
+    return ex
+
+
+def show_counters(ex: Example12) -> None:
+    """Part one: ``cache_n`` and ``prompt_n`` of both requests on the lesson's three servers."""
+    ex = _check_example(ex)
+    lesson = {
+        "ctxcp0": ([0, 1841], [0, 354]),
+        "default": ([0, 1841], [0, 354]),
+        "swa_full": ([0, 1841], [350, 4]),
+    }
+    names = {"ctxcp0": "-ctxcp 0", "default": "default", "swa_full": "--swa-full"}
+    rows = []
+    for key, (first, second) in lesson.items():
+        one, two = getattr(ex, key)
+        rows.append((f"{names[key]}, request 1: cache_n, prompt_n", [one.cache_n, one.prompt_n], first))
+        rows.append((f"{names[key]}, request 2: cache_n, prompt_n", [two.cache_n, two.prompt_n], second))
+    compare_table(rows, title="The lesson's three servers: request 2 shares 350 tokens with request 1")
+
+
+def show_default_log(ex: Example12) -> None:
+    """Part one: the checkpoints the default server took and checked, as its log shows them."""
+    ex = _check_example(ex)
+    long, short = ex.default
+    compare_table(
+        [
+            ("checkpoints taken by request 1", _spans(long.created), "[557, 1324], [1069, 1836]"),
+            ("... when this many tokens were processed", [c.n_tokens for c in long.created], [1325, 1837]),
+            ("request 2 checks, newest first", _spans(short.checks), "[1069, 1836], [557, 1324]"),
+            ("... against the threshold", sorted({c.threshold for c in short.checks}), [222]),
+            ("default: forcing full re-processing", short.forced_full, True),
+            ("-ctxcp 0: forcing full re-processing", ex.ctxcp0[1].forced_full, True),
+        ],
+        title="What the lesson's default server logged",
+        not_reproduced=[
+            (
+                "checkpoint size (0.158 MiB each)",
+                "it depends on the tiny model's layer shapes, which kvlab does not model",
+            )
+        ],
+    )
+
+
+def show_program(ex: Example12) -> None:
+    """Part one: the lesson's program repeating the server's decision, with kvlab's numbers."""
+    ex = _check_example(ex)
+    short, follow = ex.default[1], ex.follow_up
+    print("\n".join(ex.report()))
+    print()
+    compare_table(
+        [
+            ("request 2 continues at", short.common_prefix, 350),
+            ("local layers need positions from", short.threshold, 222),
+            ("oldest position in the SWA cells", short.ring_pos_min, 1073),
+            *[
+                (
+                    f"checkpoint [{c.pos_min}, {c.pos_max}]",
+                    "usable" if c.usable else "not usable",
+                    "not usable",
+                )
+                for c in short.checks
+            ],
+            ("follow-up needs positions from", follow.threshold, 1713),
+            ("follow-up: oldest position in the cells", follow.ring_pos_min, 1073),
+            ("follow-up reuses", follow.cache_n, 1841),
+        ],
+        title="The lesson's program, reproduced",
+    )
+
+
+BOUNDARY = (1201, 1202)  # the oldest cell holds 1,073 = 1,201 - 128
+
+
+def show_boundary() -> dict[int, SwaSlot]:
+    """Reuse points on either side of the ring's boundary on the ``-ctxcp 0`` server, and what a real one did."""
+    slots = {shared: branch_after_long_prompt(shared) for shared in BOUNDARY}
+    forced, kept = (slots[n].records[-1] for n in BOUNDARY)
+    for rec in (forced, kept):
+        print(
+            f"share {rec.common_prefix:,}: needs positions from {rec.threshold:,}; the oldest SWA cell holds "
+            f"{rec.ring_pos_min:,} -> {'start over' if rec.forced_full else 'the SWA cells serve'}"
+        )
+    print()
+    compare_table(
+        [
+            ("share 1,201: cache_n, prompt_n", [forced.cache_n, forced.prompt_n], [0, 1205]),
+            ("share 1,202: cache_n, prompt_n", [kept.cache_n, kept.prompt_n], [1202, 4]),
+        ],
+        title="-ctxcp 0 server after the 1,841-token prompt: one token either side of the boundary",
+        sources=(REAL,),
+    )
+    return slots
+
+
+def show_placement() -> None:
+    """Deep dive: where a ``/completion`` prompt's checkpoints go, for the lesson's and kvlab's prompt."""
+    lesson_plan, real_plan = checkpoint_plan(LESSON_PROMPT), checkpoint_plan(CHAT_PROMPT)
+    compare_table(
+        [
+            ("1,841 tokens: checkpoints at n_tokens", [c.n_tokens for c in lesson_plan], [1325, 1837], None),
+            ("1,841 tokens: [pos_min, pos_max]", _spans(lesson_plan), "[557, 1324], [1069, 1836]", None),
+            ("1,800 tokens: checkpoints at n_tokens", [c.n_tokens for c in real_plan], None, [1284, 1796]),
+            ("1,800 tokens: [pos_min, pos_max]", _spans(real_plan), None, "[516, 1283], [1028, 1795]"),
+        ],
+        title="Checkpoints of a /completion prompt: n - 516 and n - 4 tokens",
+        sources=("lesson", REAL),
+    )
+
+
+def show_chat(chat: tuple[SwaRequestRecord, SwaRequestRecord, SwaSlot]) -> None:
+    """The chat-endpoint run next to what kvlab observed on the real server (the lesson has no such run)."""
+    if not (isinstance(chat, tuple) and len(chat) == 3 and isinstance(chat[2], SwaSlot)):
+        raise InvalidArgumentError("chat must be what example_12_chat() returns: (record, record, slot)")
+    first, second, _ = chat
+    compare_table(
+        [
+            ("request 1: checkpoints at n_tokens", [c.n_tokens for c in first.created], [345, 1284, 1796]),
+            ("the user-message checkpoint covers", _spans(first.created[:1]), "[0, 344]"),
+            ("request 2 restores", _spans([second.restored] if second.restored else []), "[0, 344]"),
+            ("request 2: cache_n, prompt_n", [second.cache_n, second.prompt_n], [344, 42]),
+            ("erased as invalidated", _spans(second.erased), "[516, 1283], [1028, 1795]"),
+        ],
+        title="Chat endpoint: the last user message starts at token 345",
+        sources=(REAL,),
+    )
+
+
+def after_a_long_answer() -> list[str]:
+    """Deep dive: when the near-end checkpoints pay off -- the ring has moved on past the prompt.
+
+    The slot answers the 1,841-token prompt with 1,000 tokens, so its SWA cells hold only the
+    answer's region; then the client sends the prompt again cut 4 tokens short and 10 new ones
+    (a regenerated or edited last message).
+    """
+    slot = SwaSlot(SwaConfig())
+    prompt = list(range(10_000, 10_000 + LESSON_PROMPT))
+    slot.complete(prompt, max_tokens=1000)
+    held = f"the SWA cells now hold positions {slot.ring.pos_min} to {slot.ring.pos_max}"
+    again = slot.complete(prompt[: LESSON_PROMPT - 4] + list(range(80_000, 80_010)))
+    restored = _spans([again.restored]) if again.restored else "none"
+    plan = checkpoint_plan(LESSON_PROMPT)
+    usable = [
+        f"usable for n_past {n:,}: {[checkpoint_usable(c, n, 128) for c in plan]}" for n in (350, 1330, 1837)
+    ]
+    return [held, f"restored: {restored}, cache_n {again.cache_n}, prompt_n {again.prompt_n}", *usable]
 
 
 def on_real_server() -> list[str]:
     """The lesson's two requests on a real llama-server (tiny gemma3, window 128, ``-c 4096``) and on kvlab.
 
     The real model has the lesson's window and ring (768 cells), so every ``cache_n`` and every
-    checkpoint the server logs can be set next to kvlab's; without the binary, one line says how
-    to get it (``kvlab.lessons.real_llama``).
+    checkpoint the server logs can be set next to kvlab's. (The boundary figures of ``show_boundary``
+    are checked on the real server by ``tests/exercises/test_nb12_reuse_rule.py``.) Without the
+    binary, one line says how to get it (``kvlab.lessons.real_llama``).
     """
     from kvlab.lessons.real_llama import Request, available, missing_line, run_swa, side_by_side
 
@@ -116,10 +321,11 @@ def on_real_server() -> list[str]:
             )
         ]
     long_prompt = tuple(3 + (7 * i) % 509 for i in range(LESSON_PROMPT))
-    short = long_prompt[:LESSON_SHARED] + tuple(
-        3 + (1 + 7 * i) % 509 for i in range(LESSON_SHORT - LESSON_SHARED)
-    )
-    reqs = [Request(long_prompt), Request(short)]
+
+    def branch(shared: int, extra: int) -> Request:
+        return Request(long_prompt[:shared] + tuple(3 + (1 + 7 * i) % 509 for i in range(extra)))
+
+    reqs = [Request(long_prompt), branch(LESSON_SHARED, LESSON_SHORT - LESSON_SHARED)]
     cols = ["cache_n", "prompt_n", "checkpoints"]
     lines: list[str] = []
     for title, kw in (

@@ -17,6 +17,15 @@ local layers need to continue there, so a figure can show *why* a checkpoint
 or the ring can or cannot serve it. ``swa_animation`` (plain plotly, plays in
 exported HTML) and ``swa_stepper`` (a live widget) step through a slot's
 ``history`` with the same axes for every step.
+
+``swa_decision_figure(history, request)`` is the reuse rule as a picture, for a
+reader who has not met the ring yet: one row for what the SWA cells hold, one
+per checkpoint, the positions the continuation needs shaded, and each row's
+verdict in words. The verdicts are read from the model's ``swa.reuse`` event
+(which checkpoint it restored, whether it started over); the figure only says why.
+
+Kept as one module (about 580 lines): the slot figure, its animation, its stepper and the
+decision picture draw the same snapshot type with the same rows and colours.
 """
 
 from __future__ import annotations
@@ -26,10 +35,19 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from kvlab.core.snapshots import EMPTY, History, SwaState
+from kvlab.core.snapshots import EMPTY, Event, History, SwaState
 from kvlab.errors import InvalidArgumentError, check_int
 from kvlab.views import theme
-from kvlab.views._common import Spec, base_layout, check_title, legend_entry, steps_of, title_text
+from kvlab.views._common import (
+    Spec,
+    base_layout,
+    check_title,
+    legend_entry,
+    steps_of,
+    text_px,
+    title_text,
+    top_margin,
+)
 from kvlab.views.animations import DEFAULT_FRAME_MS, animate, step_caption
 from kvlab.views.live import Stepper
 
@@ -190,17 +208,24 @@ def _bars(state: SwaState, held: list[int]) -> _Bars:
 
 
 def _run_labels(cells: list[int]) -> tuple[list[float], list[str]]:
-    """Runs of neighbouring cells that hold consecutive positions, labelled where wide enough."""
+    """Runs of neighbouring cells that hold consecutive positions, labelled where the label fits.
+
+    The strip is about ``_STRIP_TEXT_PX`` wide in a notebook (700 px, less the row labels and the
+    colour bar). Every run gets the long label ("cells 305–767: positions 1073–1535") when all of
+    them fit, else the short one ("1073–1535") where it fits, so the labels of one strip match.
+    """
     n_cells = len(cells)
-    label_x, label_text = [], []
-    for c0, c1, p0, p1 in _cell_runs(cells):
-        width = c1 - c0 + 1
-        if width >= 0.12 * n_cells:
-            label_x.append((c0 + c1) / 2)
-            label_text.append(
-                f"cells {c0}–{c1}: positions {p0}–{p1}" if width >= 0.3 * n_cells else f"{p0}–{p1}"
-            )
-    return label_x, label_text
+    runs = [((c0 + c1) / 2, (c1 - c0 + 1) / n_cells * _STRIP_TEXT_PX - 8, c0, c1, p0, p1)
+            for c0, c1, p0, p1 in _cell_runs(cells)]  # fmt: skip
+    long = [(x, room, f"cells {c0}–{c1}: positions {p0}–{p1}") for x, room, c0, c1, p0, p1 in runs]
+    short = [(x, room, f"{p0}–{p1}") for x, room, _, _, p0, p1 in runs]
+    fits = [(x, text) for x, room, text in long if text_px(text, 11) <= room]
+    if len(fits) < len(runs):
+        fits = [(x, text) for x, room, text in short if text_px(text, 11) <= room]
+    return [x for x, _ in fits], [text for _, text in fits]
+
+
+_STRIP_TEXT_PX = 400
 
 
 def _cell_traces(state: SwaState, x_max: int) -> list[dict[str, Any]]:
@@ -212,6 +237,7 @@ def _cell_traces(state: SwaState, x_max: int) -> list[dict[str, Any]]:
         "z": [[None if p == EMPTY else p for p in cells]],
         "zmin": 0, "zmax": max(x_max - 1, 1), "colorscale": "Cividis", "showscale": True,
         "colorbar": {"title": {"text": "position", "side": "right"}, "len": 0.3, "y": 1, "yanchor": "top",
+                     "x": 1.02, "xanchor": "left",
                      "thickness": 12},
         "hovertemplate": "cell %{x}: position %{z}<extra></extra>", "xaxis": "x2", "yaxis": "y2",
         "hoverongaps": False,
@@ -342,19 +368,26 @@ def swa_spec(
         annotations=annotations,
         legend={"orientation": "h", "y": -58 / plot_h, "x": 0, "yanchor": "top",
                 "font": {"size": 12}},
-        xaxis={"range": [0, x_max], "title": {"text": "token position", "standoff": 4}, "domain": [0, 0.93],
+        xaxis={"range": [0, x_max], "title": {"text": "token position", "standoff": 4}, "domain": [0, 1],
                "showgrid": True, "zeroline": False},
         yaxis={"domain": [0, _BOTTOM_TOP], "categoryorder": "array", "categoryarray": rows,
-               "range": [len(rows) - 0.5, -0.5], "fixedrange": True, "automargin": True},
-        xaxis2={"domain": [0, 0.93], "anchor": "y2", "range": [-0.5, n_cells - 0.5], "side": "top",
+               "range": [len(rows) - 0.5, -0.5], "fixedrange": True, "automargin": False, "type": "category"},
+        xaxis2={"domain": [0, 1], "anchor": "y2", "range": [-0.5, n_cells - 0.5], "side": "top",
                 "title": {"text": f"SWA cell (of {n_cells:,})", "standoff": 2}, "showgrid": False, "zeroline": False},
         yaxis2={"domain": [_STRIP_BOTTOM, 1], "range": [-0.5, 0.9], "visible": False, "fixedrange": True},
-        margin={"l": 20, "r": 20, "t": top, "b": bottom},
+        margin={"l": _left_margin(rows), "r": _COLORBAR_PX, "t": top, "b": bottom},
     )  # fmt: skip
     return {"data": data, "layout": layout}
 
 
+def _left_margin(rows: list[str]) -> int:
+    """Room for the row labels, fixed rather than plotly's automargin: an animation's frames keep the
+    first frame's margins while their axes are redrawn, so automargin left bars and ticks apart."""
+    return round(max(text_px(r, 13) for r in rows)) + 22
+
+
 _BOTTOM_TOP = 0.7  # the positions panel takes the lower 70% of the plot
+_COLORBAR_PX = 120  # a fixed right margin for the colour bar: an empty frame keeps the plot area
 _STRIP_BOTTOM = 0.82
 
 
@@ -417,3 +450,138 @@ def swa_stepper(history: History[SwaState] | list, *, interval_ms: int = 900) ->
 
 def _stepper_view(state: SwaState, previous: SwaState | None, **hints: Any) -> Spec:
     return swa_spec(state, previous, title="SWA cells and context checkpoints", **hints)
+
+
+# ---------------------------------------------------------------------- the reuse rule as a picture
+
+_YES, _NO, _IDLE = theme.GREEN, theme.VERMILLION, theme.GREY
+_DECISION_ROW_PX = 44
+
+
+def _reuse_step(history: object, request: object) -> tuple[SwaState, Event]:
+    """The state just before request ``request`` (1 = the first) and that request's ``swa.reuse`` event."""
+    if not isinstance(history, History):
+        raise InvalidArgumentError(
+            f"history must be a SwaSlot's history (kvlab.core.snapshots.History), got {type(history).__name__}"
+        )
+    request = check_int("request", request, minimum=1)
+    reuse = [
+        i for i, s in enumerate(history.steps) if isinstance(s.event, Event) and s.event.kind == "swa.reuse"
+    ]
+    if request > len(reuse):
+        raise InvalidArgumentError(f"the history holds {len(reuse)} requests, got request={request}")
+    at = reuse[request - 1]
+    before = history.steps[at - 1].state
+    _check_swa_state("the state before the request", before)
+    return before, history.steps[at].event
+
+
+def _verdicts(state: SwaState, event: Event) -> tuple[tuple[str, str], list[tuple[str, str]], str]:
+    """((text, colour) for the SWA cells, one per checkpoint oldest first, the outcome in words)."""
+    n_past, threshold = event["common_prefix"], event["threshold"]
+    restored, forced = event.get("restored"), event["forced_full"]
+    searched = forced or restored is not None
+    if not searched:
+        cells = ("✓ they hold all of them", _YES)
+    elif threshold == 0:
+        cells = ("✗ nothing lies below 0:<br>the server looks for a copy", _NO)
+    else:
+        cells = (f"✗ the oldest is {state.pos_min:,},<br>not below {threshold:,}", _NO)
+    rows: list[tuple[str, str]] = []
+    chosen = next((i for i, c in enumerate(state.checkpoints) if c.span == restored), None)
+    for i, cp in enumerate(state.checkpoints):
+        if not searched:
+            rows.append(("not needed", _IDLE))
+        elif chosen is not None and i < chosen:
+            rows.append(("not checked:<br>a newer one serves", _IDLE))
+        elif i == chosen:
+            start = "at 0" if cp.pos_min == 0 else f"below {threshold:,}"
+            rows.append((f"✓ ends by {n_past:,}, starts<br>{start}: restored", _YES))
+        elif cp.pos_max > n_past:
+            rows.append((f"✗ ends at {cp.pos_max:,},<br>after {n_past:,}", _NO))
+        else:
+            rows.append((f"✗ starts at {cp.pos_min:,},<br>not below {threshold:,}", _NO))
+    if not searched:
+        outcome = f"the SWA cells serve, cache_n {event['cache_n']:,}"
+    elif restored is not None:
+        outcome = f"checkpoint [{restored[0]}, {restored[1]}] serves, cache_n {event['cache_n']:,}"
+    elif state.checkpoints:
+        outcome = "no usable copy, start over (cache_n 0)"
+    else:
+        outcome = "no checkpoint to fall back on, start over (cache_n 0)"
+    return cells, rows, outcome
+
+
+def swa_decision_figure(
+    history: History[SwaState], request: int = 2, *, title: str | None = None
+) -> go.Figure:
+    """Can request ``request`` continue where it shares a prefix? The rule, row by row, for one request.
+
+    Rows: the prompt the slot holds (the full-attention layers keep all of it), the positions the
+    SWA cells still hold, and each context checkpoint; the positions the local layers need to
+    continue are shaded, and each row says whether it can supply them.
+    """
+    title = check_title(title)
+    state, event = _reuse_step(history, request)
+    n_past, threshold = event["common_prefix"], event["threshold"]
+    if n_past == 0:
+        raise InvalidArgumentError(
+            f"request {request} shares nothing with the slot: there is no reuse to decide"
+        )
+    cells_verdict, cp_verdicts, outcome = _verdicts(state, event)
+    held = [p for p in state.cells if p != EMPTY]
+    rows = ["cached prompt", "SWA cells hold"] + [
+        f"checkpoint {i + 1}" for i in range(len(state.checkpoints))
+    ]
+    x_max = max(_extent(state), n_past + 1)
+    bars: list[tuple[str, int, int, str, str]] = [("cached prompt", 0, state.n_tokens, f"0 … {state.n_tokens - 1}",
+                                                   theme.GREY)]  # fmt: skip
+    bars += [("SWA cells hold", a, b, f"[{a}, {b - 1}]", theme.BLUE) for a, b in _runs(held)]
+    bars += [(f"checkpoint {i + 1}", c.pos_min, c.pos_max + 1, f"[{c.pos_min}, {c.pos_max}]", theme.ORANGE)
+             for i, c in enumerate(state.checkpoints)]  # fmt: skip
+    data: list[dict[str, Any]] = [{
+        "type": "bar", "orientation": "h", "y": [b[0] for b in bars], "base": [b[1] for b in bars],
+        "x": [b[2] - b[1] for b in bars], "text": [b[3] for b in bars], "marker": {"color": [b[4] for b in bars]},
+        "textposition": "auto", "insidetextanchor": "middle", "insidetextfont": {"color": "white"},
+        "outsidetextfont": {"color": theme.INK}, "cliponaxis": False,
+        "hovertemplate": "%{y}: positions %{text}<extra></extra>", "width": 0.6, "showlegend": False,
+    }]  # fmt: skip
+    verdicts = [("all but the local layers<br>keep every position", _IDLE), cells_verdict, *cp_verdicts]
+    annotations: list[dict[str, Any]] = [
+        {"x": _VERDICT_X, "xref": "paper", "y": row, "yref": "y", "text": text, "showarrow": False,
+         "xanchor": "left", "align": "left", "font": {"size": 11, "color": colour}}
+        for row, (text, colour) in zip(rows, verdicts, strict=True)
+    ]  # fmt: skip
+    bottom_y, top_y = len(rows) - 0.5, -0.75
+    shapes: list[dict[str, Any]] = [
+        {"type": "rect", "xref": "x", "yref": "y", "x0": threshold, "x1": n_past, "y0": bottom_y, "y1": top_y,
+         "fillcolor": theme.YELLOW, "opacity": 0.45, "line": {"width": 0}, "layer": "below"},
+    ]  # fmt: skip
+    marks = [(n_past, "solid", f"continue at {n_past:,}", "left")]
+    if threshold < n_past:
+        marks.append((threshold, "dash", f"needs from {threshold:,}", "right"))
+    for x, dash, text, anchor in marks:
+        shapes.append({"type": "line", "xref": "x", "yref": "y", "x0": x, "x1": x, "y0": bottom_y, "y1": top_y,
+                       "line": {"color": theme.INK, "dash": dash, "width": 2}})  # fmt: skip
+        annotations.append({"x": x, "xref": "x", "y": top_y, "yref": "y", "text": text, "showarrow": False,
+                            "xanchor": anchor, "yanchor": "bottom", "font": {"size": 11}})  # fmt: skip
+    need = (
+        f"to continue at {n_past:,}, the local layers need positions {threshold:,}..{n_past - 1:,} (shaded)"
+        if threshold < n_past
+        else "--swa-full: the SWA cells keep every position, so the server's test uses a window of 0"
+    )
+    ttl = title_text(title or f"Request {request} shares {n_past:,} tokens: {outcome}", need)
+    top = top_margin(ttl) + 4
+    plot_h = _DECISION_ROW_PX * len(rows) + 36
+    layout = base_layout(
+        ttl, height=top + plot_h + 50, showlegend=False, shapes=shapes, annotations=annotations,
+        xaxis={"range": [0, x_max * 1.02], "title": {"text": "token position", "standoff": 4, "font": {"size": 12}},
+               "domain": [0, _VERDICT_X - 0.03], "showgrid": True, "zeroline": False},
+        yaxis={"categoryorder": "array", "categoryarray": rows, "range": [bottom_y, top_y - 0.4],
+               "fixedrange": True, "automargin": False, "type": "category"},
+        margin={"l": _left_margin(rows), "r": 10, "t": top, "b": 50},
+    )  # fmt: skip
+    return go.Figure({"data": data, "layout": layout})
+
+
+_VERDICT_X = 0.66  # the verdicts' column starts here, in paper coordinates

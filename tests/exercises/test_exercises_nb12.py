@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import kvlab.exercises as ex
-from kvlab.exercises.nb12 import _ring_reuses, _smallest_ring_reuse
 from kvlab.server.swa import checkpoint_plan
 
 
@@ -24,20 +23,6 @@ def test_usable_or_not():
     )
     assert "True or False" in ex.check("12.1", [1, 0, 1, 0]).message
     assert "True or False" in ex.check("12.1", [True, False, True]).message
-
-
-def test_smallest_ring_reuse_is_found_by_running_the_slot():
-    n = _smallest_ring_reuse()
-    assert _ring_reuses(n) and not _ring_reuses(n - 1)
-    assert ex.check("12.2", n).right
-    assert "strict" in ex.check("12.2", n - 1).message
-    assert "oldest position the cells hold" in ex.check("12.2", 1073).message
-    assert "follow-up" in ex.check("12.2", 1713).message
-    assert "give a smaller number" in ex.check("12.2", 1841).message
-    assert "a smaller shared prefix works too" in ex.check("12.2", 1500).message
-    assert "would need positions from 872" in ex.check("12.2", 1000).message
-    assert ex.check("12.2", float(n)).right  # an exact integral float reads as the whole number
-    assert ex.check("12.2", n + 0.5).status == ex.NOT_YET  # a whole number is asked for
 
 
 def test_checkpoint_placement():
