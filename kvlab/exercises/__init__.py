@@ -35,6 +35,7 @@ from kvlab.exercises.core import (
     RIGHT,
     Exercise,
     NotYet,
+    Prediction,
     Result,
     UnknownExerciseError,
     Verdict,
@@ -45,6 +46,8 @@ from kvlab.exercises.core import (
     exercises,
     get,
     hint,
+    predict,
+    reveal,
 )
 
 __all__ = [
@@ -53,6 +56,7 @@ __all__ = [
     "RIGHT",
     "Exercise",
     "NotYet",
+    "Prediction",
     "Result",
     "UnknownExerciseError",
     "Verdict",
@@ -63,6 +67,8 @@ __all__ = [
     "exercises",
     "get",
     "hint",
+    "predict",
+    "reveal",
 ]
 
 for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):

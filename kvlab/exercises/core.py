@@ -18,11 +18,26 @@ call is time-limited, its printing is swallowed, an exit is caught, and what it
 returns is converted the same way. A checker therefore only ever sees plain
 data, here and in the grader (``kvlab/exercises/grading.py``), which runs the
 same checkers outside the student's kernel.
+
+A *prediction* exercise (registered with ``predicts=Prediction(...)``) asks for
+a guess before a cell shows the real value: ``predict(id, answer)`` records the
+guess (the log keeps it, and whether it came before the reveal), and
+``reveal(id, value)`` shows it beside kvlab's value, with what to reread when
+it is off. Its checker only refuses what is not a prediction (a percentage of
+140, a choice that does not exist), so a guess earns its points for being made
+before the reveal, never for being right: there is nothing to gain by editing
+it afterwards, and the exercises that follow it are graded for correctness.
+
+Kept as one module (about 700 lines): registering, converting, checking,
+predicting and revealing share the one registry, the one conversion of an
+answer and the per-kernel state (hints seen, predictions made, values
+revealed); split, each part would reach into the others' internals.
 """
 
 from __future__ import annotations
 
 import contextlib
+import html
 import random
 import re
 import time
@@ -37,7 +52,7 @@ from kvlab.exercises.plain import name_in as name_in  # the checkers import it f
 from kvlab.exercises.result import NOT_DONE as NOT_DONE
 from kvlab.exercises.result import NOT_YET as NOT_YET
 from kvlab.exercises.result import RIGHT as RIGHT
-from kvlab.exercises.result import Result
+from kvlab.exercises.result import Result, _ipython_shell
 from kvlab.lessons.log import LOG_ENV as LOG_ENV  # the tests and the grader name it here too
 from kvlab.lessons.log import log_event
 
@@ -127,8 +142,19 @@ _TYPES: dict[str, tuple[str, Callable[[Any], Any]]] = {
 }  # fmt: skip
 
 DIFFICULTIES = ("intro", "core", "stretch")
+PREDICTION_TYPES = ("int", "number", "str", "bool")  # what a guess can be: a number or one choice
 TRUSTED_FUNCTIONS: set[type] = set()  # callables that time-limit a student's function and return plain data
 FUNCTION_SECONDS = 10.0  # all the calls one check makes of a student's function, together
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What the reveal of a prediction exercise needs: when a guess is on the mark, what to reread if not."""
+
+    reread: str  # the part of the notebook that explains the value, e.g. "'Where a timestamp goes'"
+    within: float = 0.0  # a number guess this close to the value is on the mark (a choice must be equal)
+    unit: str = ""  # printed after numbers, e.g. "%"
+    digits: int = 1  # decimals a float is shown with
 
 
 @dataclass(frozen=True)
@@ -146,6 +172,14 @@ class Exercise:
     difficulty: str = "core"  # one of DIFFICULTIES
     prerequisites: tuple[str, ...] = ()  # exercise ids a student should have done first
     cases: Callable[[random.Random | None], list[Any]] | None = field(default=None, repr=False, compare=False)
+    prediction: Prediction | None = None  # set for a predict-then-reveal exercise
+
+    @property
+    def kind(self) -> str:
+        """ "prediction" (graded for being made before the reveal), "function" or "value"."""
+        if self.prediction is not None:
+            return "prediction"
+        return "function" if self.answer_type == "function" else "value"
 
     @property
     def notebook(self) -> str:
@@ -185,6 +219,7 @@ def exercise(
     difficulty: str,
     prerequisites: list[str] | tuple[str, ...] = (),
     cases: Callable[[random.Random | None], list[Any]] | None = None,
+    predicts: Prediction | None = None,
 ) -> Callable[[Callable[..., str | None]], Callable[..., str | None]]:
     """Register the decorated function as the checker of ``exercise_id``.
 
@@ -196,7 +231,10 @@ def exercise(
     grader use. A function exercise may declare ``cases(rng)``: the argument
     cases the checker tries, the notebook's when ``rng`` is None, the
     notebook's plus fresh hidden ones drawn from ``rng`` when grading; its
-    checker is then called as ``checker(answer, cases)``.
+    checker is then called as ``checker(answer, cases)``. ``predicts`` makes
+    it a prediction exercise (see ``predict`` and ``reveal``): its answer_type
+    is one of int, number, str, bool, and its checker refuses only what is
+    not a prediction.
     """
     if not isinstance(exercise_id, str) or not _ID.fullmatch(exercise_id):
         raise InvalidArgumentError(
@@ -238,14 +276,39 @@ def exercise(
             f"exercise {exercise_id}: only a function exercise takes cases=, a callable"
         )
 
+    if predicts is not None:
+        _check_prediction(exercise_id, answer_type, predicts)
+
     def register(checker: Callable[..., str | None]) -> Callable[..., str | None]:
         _REGISTRY[exercise_id] = Exercise(
             exercise_id, title, assesses, minutes, answer_type, tuple(hints), checker,
-            points, difficulty, tuple(prerequisites), cases,
+            points, difficulty, tuple(prerequisites), cases, predicts,
         )  # fmt: skip
         return checker
 
     return register
+
+
+def _check_prediction(exercise_id: str, answer_type: str, predicts: object) -> None:
+    if not isinstance(predicts, Prediction):
+        raise InvalidArgumentError(f"exercise {exercise_id}: predicts must be a Prediction")
+    if answer_type not in PREDICTION_TYPES:
+        raise InvalidArgumentError(
+            f"exercise {exercise_id}: a prediction's answer_type must be one of {', '.join(PREDICTION_TYPES)}"
+        )
+    if not isinstance(predicts.reread, str) or not predicts.reread.strip():
+        raise InvalidArgumentError(f"exercise {exercise_id}: Prediction.reread must be a non-empty string")
+    within = predicts.within
+    if isinstance(within, bool) or not isinstance(within, (int, float)) or not 0 <= within < float("inf"):
+        raise InvalidArgumentError(f"exercise {exercise_id}: Prediction.within must be a number >= 0")
+    if not isinstance(predicts.unit, str) or len(predicts.unit) > 12:
+        raise InvalidArgumentError(f"exercise {exercise_id}: Prediction.unit must be a short string")
+    if (
+        isinstance(predicts.digits, bool)
+        or not isinstance(predicts.digits, int)
+        or not 0 <= predicts.digits <= 6
+    ):
+        raise InvalidArgumentError(f"exercise {exercise_id}: Prediction.digits must be an int from 0 to 6")
 
 
 def get(exercise_id: str) -> Exercise:
@@ -385,15 +448,21 @@ def evaluate(ex: Exercise, answer: Any, cases: list[Any] | None = None) -> Verdi
 
     ``cases`` replaces the notebook's cases of a function exercise (the grader's hidden ones).
     """
+    return _evaluate_keeping(ex, answer, cases)[0]
+
+
+def _evaluate_keeping(ex: Exercise, answer: Any, cases: list[Any] | None) -> tuple[Verdict, Any]:
+    """The verdict, and the answer as the checker saw it (None when it never got that far)."""
+    seen: list[Any] = [None]
     try:
-        return _evaluate(ex, answer, cases)
+        return _evaluate(ex, answer, cases, seen), seen[0]
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # nothing a student hands in may end in a traceback
-        return Verdict(NOT_YET, f"This answer could not be checked ({what_was_raised(exc)}).", False)
+        return Verdict(NOT_YET, f"This answer could not be checked ({what_was_raised(exc)}).", False), None
 
 
-def _evaluate(ex: Exercise, answer: Any, cases: list[Any] | None) -> Verdict:
+def _evaluate(ex: Exercise, answer: Any, cases: list[Any] | None, seen: list[Any]) -> Verdict:
     done_msg = "Replace every ... with your answer, then run the cell again."
     function = ex.answer_type == "function"
     value = answer if function and callable(answer) else plain(answer)
@@ -409,6 +478,7 @@ def _evaluate(ex: Exercise, answer: Any, cases: list[Any] | None) -> Verdict:
         )
         said = str(why) or f"you gave {gave}."
         return Verdict(NOT_YET, f"This exercise expects {ex.expects}: {said}", False)
+    seen[0] = converted
     trusted = type(converted) in TRUSTED_FUNCTIONS  # the grader's stand-in: limited and plain already
     guarded = StudentFunction(converted) if function and not trusted else None
     if trusted:
@@ -449,7 +519,13 @@ def check(exercise_id: str, answer: Any) -> Result:
     exercise id raises (``UnknownExerciseError``).
     """
     ex = get(exercise_id)
-    verdict = evaluate(ex, answer)
+    if ex.prediction is not None:
+        return predict(exercise_id, answer)
+    return _show(ex, evaluate(ex, answer))
+
+
+def _show(ex: Exercise, verdict: Verdict, **logged: Any) -> Result:
+    """The verdict as a ``Result`` with its hint (a counted try reveals the next), logged and shown."""
     hint = None
     if verdict.status == NOT_YET:
         tries = _attempts.get(ex.id, 0)
@@ -457,7 +533,7 @@ def check(exercise_id: str, answer: Any) -> Result:
             _attempts[ex.id] = tries + 1
         hint = ex.hints[min(tries, len(ex.hints) - 1)]
     result = Result(ex.id, ex.title, verdict.status, verdict.message, hint)
-    log_event({"id": ex.id, "status": verdict.status, "message": verdict.message})
+    log_event({"id": ex.id, "status": verdict.status, "message": verdict.message, **logged})
     result.show()
     return result
 
@@ -469,3 +545,149 @@ def hint(exercise_id: str) -> None:
     _attempts[ex.id] = tries + 1
     text = ex.hints[min(tries, len(ex.hints) - 1)]
     print(f"Hint for {ex.id} ({min(tries, len(ex.hints) - 1) + 1} of {len(ex.hints)}): {text}")
+
+
+# ---------------------------------------------------------------- predict first, then reveal
+
+_predictions: dict[str, Any] = {}  # exercise id -> the guess predict() recorded in this kernel
+_revealed: set[str] = set()  # exercise ids whose value reveal() has shown in this kernel
+
+_TOO_LATE = (
+    "kvlab's value is already on screen (the reveal cell below this one ran), and a prediction counts "
+    "only when it is made before it. Restart the kernel (Kernel > Restart), write your guess here, run "
+    "this cell, then the reveal."
+)
+
+
+def _prediction_exercise(exercise_id: str, what: str) -> Exercise:
+    ex = get(exercise_id)
+    if ex.prediction is None:
+        raise InvalidArgumentError(
+            f"exercise {ex.id} is not a prediction; {what} is for predict-then-reveal exercises "
+            f"(check({ex.id!r}, answer) checks this one)"
+        )
+    return ex
+
+
+def predict(exercise_id: str, answer: Any) -> Result:
+    """Record ``answer`` as the guess for prediction exercise ``exercise_id``, before its reveal.
+
+    The verdict is "right" for any well-formed guess made before ``reveal`` showed the value in this
+    kernel, "not yet" for one made after it (or for something that is not a guess, such as a
+    percentage of 140), "not done yet" while the answer is ``...``. The log record keeps the guess
+    and ``before_reveal``. Never raises for an answer; an unknown id, or an exercise that is not a
+    prediction, is the notebook author's mistake and raises.
+    """
+    ex = _prediction_exercise(exercise_id, "predict")
+    _predictions.pop(ex.id, None)  # the cell as it is now is the prediction; an earlier run is replaced
+    before = ex.id not in _revealed
+    if before:
+        verdict, guess = _evaluate_keeping(ex, answer, None)
+    else:
+        verdict, guess = Verdict(NOT_YET, _TOO_LATE, False), None
+    if verdict.status == RIGHT:
+        _predictions[ex.id] = guess
+    recorded = guess if verdict.status == RIGHT else None
+    return _show(ex, verdict, prediction=recorded, before_reveal=before)
+
+
+@dataclass
+class Reveal:
+    """What ``reveal`` shows: the guess made before it (or None), kvlab's value, and whether they agree."""
+
+    exercise_id: str
+    title: str
+    prediction: Any  # None when no guess was recorded before the reveal
+    value: Any
+    on_mark: bool | None  # None without a prediction
+    text_value: str
+    text_prediction: str
+    reread: str
+    within: str
+    _shown: bool = field(default=False, repr=False, compare=False)
+
+    def remark(self) -> str:
+        """What the reveal says about the guess: none, on the mark, or off and what to reread."""
+        if self.on_mark is None:
+            return (
+                "No prediction was recorded before this cell ran (the prediction cell above was not run, "
+                "still holds ..., or was not accepted). Next time write a guess first: a wrong guess, then "
+                "the reason, is what sticks."
+            )
+        if self.on_mark:
+            return f"Your prediction, {self.text_prediction}, is on the mark{self.within}."
+        return f"Your prediction was {self.text_prediction}: off. Reread {self.reread}, then say why."
+
+    def text(self) -> str:
+        return f"{self.exercise_id} {self.title}: kvlab gives {self.text_value}. {self.remark()}"
+
+    def _repr_html_(self) -> str:
+        color = {None: "#57606a", True: "#1a7f37", False: "#bc4c00"}[self.on_mark]
+        mark = {None: "No prediction", True: "On the mark", False: "Off"}[self.on_mark]
+        guess = self.text_prediction if self.on_mark is not None else "none"
+        rows = "".join(
+            f"<tr><td style='padding-right:12px'>{a}</td><td><b>{html.escape(b)}</b></td></tr>"
+            for a, b in (("kvlab", self.text_value), ("your prediction", guess))
+        )
+        return (
+            f"<div style='border-left:4px solid {color};padding:4px 10px;margin:4px 0'>"
+            f"<b style='color:{color}'>{mark}</b> &middot; {html.escape(self.exercise_id)} "
+            f"{html.escape(self.title)}<table>{rows}</table><div>{html.escape(self.remark())}</div></div>"
+        )
+
+    def show(self) -> None:
+        """Show the reveal: rich output in a notebook, plain text elsewhere."""
+        self._shown = True
+        if _ipython_shell() is None:
+            print(self.text())
+        else:
+            from IPython.display import publish_display_data
+
+            publish_display_data({"text/plain": self.text(), "text/html": self._repr_html_()})
+
+    def _ipython_display_(self) -> None:
+        if not self._shown:
+            self.show()
+
+
+def _shown_value(value: Any, p: Prediction) -> str:
+    if type(value) is float:
+        return f"{value:,.{p.digits}f}{p.unit}"
+    if type(value) is int:
+        return f"{value:,}{p.unit}"
+    return describe(value, 80)
+
+
+def _on_mark(answer_type: str, guess: Any, value: Any, p: Prediction) -> bool:
+    if answer_type in ("int", "number"):
+        return abs(guess - value) <= p.within
+    return guess == value
+
+
+def reveal(exercise_id: str, value: Any) -> Reveal:
+    """Show kvlab's ``value`` for prediction exercise ``exercise_id`` beside the guess recorded before it.
+
+    ``value`` is what the notebook computed (the notebook's, not the student's: a value that does not
+    have the exercise's answer_type is the author's mistake and raises ``InvalidArgumentError``).
+    From now on in this kernel a new ``predict`` for the exercise no longer counts. The reveal is
+    logged (``{"reveal": id, "prediction", "value", "on_mark"}``) and shown.
+    """
+    ex = _prediction_exercise(exercise_id, "reveal")
+    p = ex.prediction
+    assert p is not None
+    try:
+        value = _TYPES[ex.answer_type][1](tidy(plain(value)))
+    except _Refused:
+        raise InvalidArgumentError(
+            f"reveal({ex.id!r}, value): value must be {ex.expects}, got {brief(value)}"
+        ) from None
+    _revealed.add(ex.id)
+    guess = _predictions.get(ex.id)
+    on_mark = None if guess is None else _on_mark(ex.answer_type, guess, value, p)
+    unit = " points" if p.unit == "%" else p.unit  # a percentage's distance is in percentage points
+    within = f" (within {p.within:g}{unit} of it)" if p.within and ex.answer_type in ("int", "number") else ""
+    shown = Reveal(ex.id, ex.title, guess, value, on_mark, _shown_value(value, p),
+                   "none" if guess is None else _shown_value(guess, p), p.reread, within)  # fmt: skip
+    log_event({"reveal": ex.id, "prediction": guess, "value": value, "on_mark": on_mark})
+    shown.show()
+    return shown

@@ -380,6 +380,18 @@ def _row(student: str, ex: Exercise, status: str, feedback: str, answer: str = "
     return Row(student, ex.notebook, ex.id, points, ex.points, status, feedback, ex.title, answer)
 
 
+_REVEAL = re.compile(r"""\breveal\(\s*["'](\d\d\.\d+)["']""")
+
+
+def _revealed_before(prepared: Prepared, exercise_id: str) -> bool:
+    """Whether a cell at or above the prediction's own cell reveals its answer (a guess made after seeing it)."""
+    mine = prepared.cells[exercise_id]
+    return any(
+        cell.get("cell_type") == "code" and exercise_id in _REVEAL.findall(str(cell.get("source", "")))
+        for cell in prepared.nb.cells[: mine + 1]
+    )
+
+
 def _grade_one(
     student: str,
     ex: Exercise,
@@ -396,6 +408,13 @@ def _grade_one(
         )
     if ex.answer_type == "function":
         return _grade_function(student, ex, prepared, limits, rng)
+    if ex.kind == "prediction" and _revealed_before(prepared, ex.id):
+        return _row(
+            student,
+            ex,
+            NOT_YET,
+            f"the prediction's cell comes after its reveal: move it above reveal({ex.id!r}, ...)",
+        )
     if ex.id not in cell_errors:
         return _row(
             student, ex, ERROR, f"{stopped or 'the notebook stopped'} before this exercise's cell ran"

@@ -1,70 +1,102 @@
 """Exercises of notebook 11, offload and slot files (lesson example 11).
 
-The expected answers come from ``kvlab.server.slot_files`` (file sizes, estimates, real save and restore
-calls in a temporary directory); nothing here states them.
+11.1 writes the rule for what a restore gives back (checked on hidden cases against real save and
+restore calls), 11.2 works out the offload arithmetic's break-even disk, 11.3 finds the restores that
+are refused. The expected answers come from ``kvlab.server.slot_files`` and ``kvlab.server.slots``
+(real save and restore calls in a temporary directory); nothing here states them.
 """
 
 from __future__ import annotations
 
+import random
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from kvlab.errors import KvlabError
-from kvlab.exercises.core import NotYet, all_whole, exercise
+from kvlab.exercises.core import NotYet, all_whole, call_for_list, exercise
 from kvlab.server.slot_files import (
     LLAMA_8B,
     TINY_MODEL,
     ModelShape,
-    header_bytes,
     offload_estimate,
     restore_slot,
     save_slot,
-    slot_file_size,
 )
 from kvlab.server.slots import SlotServer
 
-SIZE_SHAPE = ModelShape(28, 4, 128, "f16")  # exercise 11.1: a 7B-class model with 4 KV heads
-SIZE_TOKENS = 2000
 BREAK_EVEN_TOKENS = 748  # exercise 11.2: any prefix length gives the same speed
 PREFIX = list(range(5000, 5748))  # exercise 11.3: the saved 748-token prefix
 FILE = "agent-prefix.bin"
 SAME_SIZE_SHAPE = ModelShape(4, 4, 16, "f16")  # as many KV bytes per token as the tiny model
 
 
+def _restore_cases(rng: random.Random | None) -> list[tuple[list[int], list[int]]]:
+    """(tokens the file holds, the first prompt after the restore): the notebook's, then fresh ones."""
+    saved = list(range(100, 110))
+    cases = [
+        (saved, saved + [7, 8, 9]),  # part one in small: the prefix, then new tokens
+        (saved, saved),  # exactly the saved tokens again
+        (saved, saved[:4]),  # a shorter prompt that the file covers
+        (saved, saved[:6] + [1, 2, 3]),  # the same start, then something else
+        (saved, [1, 2, 3]),  # nothing in common
+    ]
+    if rng is not None:
+        for _ in range(10):
+            tokens = [rng.randrange(50, 500) for _ in range(rng.randint(1, 40))]
+            keep = rng.randint(0, len(tokens))
+            tail = [rng.randrange(500, 900) for _ in range(rng.choice([0, 0, 1, rng.randint(1, 20)]))]
+            prompt = tokens[:keep] + tail or [rng.randrange(500, 900)]
+            cases.append((tokens, prompt))
+    return cases
+
+
+def _after_restore(saved: list[int], prompt: list[int]) -> list[int]:
+    """[cache_n, prompt_n] of ``prompt``, sent to a fresh server right after ``saved`` was restored."""
+    with tempfile.TemporaryDirectory() as tmp:
+        first = SlotServer(1, cache_ram_mib=0)
+        first.complete(saved, max_tokens=0)  # n_predict 0: the slot holds exactly the prompt
+        save_slot(first, 0, FILE, directory=tmp)
+        fresh = SlotServer(1, cache_ram_mib=0)
+        restore_slot(fresh, 0, FILE, directory=tmp)
+        request = fresh.complete(prompt, max_tokens=1)
+    return [request.cache_n, request.prompt_n]
+
+
 @exercise(
     "11.1",
-    title="Size of a slot file",
-    assesses="computing a slot file's size from a model's shape: K and V per layer, id and metadata, header",
-    minutes=6,
-    answer_type="int",
+    title="What a restore gives back",
+    assesses="knowing what llama-server's restore puts back (the slot's tokens and their KV) and how the "
+    "next request reuses it: the common prefix, always one token evaluated",
+    minutes=8,
+    answer_type="function",
     points=2,
     difficulty="core",
     hints=[
-        "Per token: K and V (2) × layers × KV heads × head size × 2 bytes (F16), plus 4 + 12 bytes of id and metadata.",
-        "Multiply by the tokens, then add the fixed part: header_bytes(shape) is the 64-byte header plus "
-        "16 bytes per layer.",
+        "After the restore the slot is as if it had just served a prompt of the saved tokens: the next "
+        "request reuses the longest common prefix of the two token lists.",
+        "If that prefix is the whole prompt, the server still evaluates the last token, to get the "
+        "logits it samples from: cache_n is at most len(prompt) - 1. prompt_n is the rest.",
     ],
+    cases=_restore_cases,
 )
-def file_size(answer: int) -> str:
-    shape, n = SIZE_SHAPE, SIZE_TOKENS
-    expected = slot_file_size(shape, n)
-    if answer == expected:
-        return (
-            f"{shape.kv_bytes_per_token:,} B of KV + 16 B per token = {shape.file_bytes_per_token:,} B; × {n:,} "
-            f"tokens + {header_bytes(shape)} B of header = {expected:,} B, about {expected / 2**20:.0f} MiB."
-        )
-    if answer == n * shape.file_bytes_per_token:
-        raise NotYet("The per-token part is right; add the bytes that do not grow with the tokens.")
-    if answer in (n * shape.kv_bytes_per_token, n * shape.kv_bytes_per_token + header_bytes(shape)):
-        raise NotYet("Each token also stores its id (4 B) and its cell metadata (12 B) in the file.")
-    half = ModelShape(shape.n_layers, shape.n_kv_heads, shape.head_dim // 2, shape.dtype)
-    if answer in (slot_file_size(half, n), slot_file_size(half, n) - header_bytes(half)):
-        raise NotYet("Did you count both K and V? Each layer stores two tensors per token.")
-    if answer == n * LLAMA_8B.kv_bytes_per_token:
-        raise NotYet("That is the 8B shape's KV; this model has 28 layers and 4 KV heads.")
-    raise NotYet(f"{answer:,} B is not the size of this slot file.")
+def after_restore(function: Any, cases: list[tuple[list[int], list[int]]]) -> str:
+    for saved, prompt in cases:
+        got = call_for_list(function, "[cache_n, prompt_n]", list(saved), list(prompt))
+        want = _after_restore(saved, prompt)
+        if len(got) != 2 or not all_whole(got):
+            raise NotYet(f"Return two whole numbers, [cache_n, prompt_n]; got {got!r}.")
+        if got != want:
+            raise NotYet(
+                f"A file holding {len(saved)} tokens, then a prompt of {len(prompt)}: the server reports "
+                f"[cache_n, prompt_n] = {want}, your function {got} (saved {saved[:6]}..., prompt {prompt[:6]}...)."
+            )
+    return (
+        "A restore gives back the slot's token list and their KV, nothing more: the next request reuses "
+        "their common prefix with its prompt, as on a slot that had just served them, and always evaluates "
+        "at least one token. llama-server 0c1e57098 did the same in the lesson: cache_n 748, prompt_n 5."
+    )
 
 
 @exercise(

@@ -1,6 +1,9 @@
 """Exercises of notebook 15, prefix caching at fleet scale (lesson 002's "Try it").
 
-The expected answers come from ``kvlab.fleet`` and ``kvlab.models.prefix_cache``; nothing here states them.
+15.1 is a prediction (graded for being made before the notebook reveals the value), 15.2 explains a
+number the notebook prints, 15.3 implements the rule behind round-robin's losses and is checked on
+hidden cases, 15.4 applies the two rounding rules. The expected answers come from ``kvlab.fleet`` and
+``kvlab.models.prefix_cache``; nothing here states them.
 """
 
 from __future__ import annotations
@@ -9,11 +12,12 @@ import random
 from functools import cache
 from typing import Any
 
-from kvlab.exercises.core import NotYet, exercise, expect_two_whole
-from kvlab.fleet import ChatTraffic, FleetConfig, chat_traffic, simulate
+from kvlab.exercises.core import NotYet, Prediction, call_for_list, exercise, expect_two_whole
+from kvlab.fleet import ChatTraffic, FleetConfig, chat_traffic, route, simulate
 from kvlab.models.prefix_cache import PrefixCache
 
-TOLERANCE = 0.05  # percentage points: answers rounded to one decimal place are right
+UNLIMITED = 10**7  # blocks: more than the lesson's fleet ever caches, so nothing is evicted
+TENANTS = 10  # exercise 15.2
 
 
 @cache
@@ -23,127 +27,172 @@ def _traffic() -> ChatTraffic:
 
 
 @cache
-def _percent(config: FleetConfig) -> float:
-    """The hit rate of one scenario of the lesson's fleet, in percent (cached: checks may be repeated)."""
-    return 100 * simulate(config, traffic=_traffic()).hit_rate
-
-
-def _check_percent(answer: float, expected: float, others: dict[str, FleetConfig]) -> None:
-    """NotYet unless ``answer`` is ``expected`` percent; name the common mistakes (``others``' hit rates) first."""
-    if 0 < answer <= 1 and abs(100 * answer - expected) < TOLERANCE:
-        raise NotYet(f"{answer} looks like a fraction; give a percentage (a number from 0 to 100).")
-    if abs(answer - expected) < TOLERANCE:
-        return
-    for what, config in others.items():
-        if abs(answer - _percent(config)) < TOLERANCE:
-            raise NotYet(f"{answer}% is the hit rate {what}; change the configuration as the exercise asks.")
-    if not 0 <= answer <= 100:
-        raise NotYet(f"{answer} is not a percentage: a hit rate lies between 0 and 100%.")
-    raise NotYet(f"{answer}% is not what kvlab's fleet gives for this configuration.")
+def _prefill(config: FleetConfig) -> int:
+    """Prompt tokens one scenario of the lesson's fleet prefills (cached: checks may be repeated)."""
+    return simulate(config, traffic=_traffic()).prefill_tokens
 
 
 @exercise(
     "15.1",
-    title="The timestamp before the new message",
-    assesses="predicting which blocks a volatile field invalidates from where it sits in the prompt, "
-    "then measuring it on the fleet",
+    title="Predict: the timestamp before the new message",
+    assesses="predicting, before the fleet is run, what a volatile field costs from where it sits in the "
+    "prompt (graded for being made before the reveal)",
     minutes=5,
     answer_type="number",
     points=2,
     difficulty="core",
     prerequisites=["09.1"],
     hints=[
-        "FleetConfig has a header option with three places for the timestamp; keep every other setting "
-        "as in the lesson (200 users, 20,000 blocks).",
-        "simulate(FleetConfig(header='before-message')).hit_rate is a fraction; multiply by 100.",
+        "Which blocks of turn 2's prompt differ from what turn 1 left in the cache when the stamp sits "
+        "just before the new message? Look at the third pair of hash chains.",
+        "Any percentage from 0 to 100 is a prediction; the reveal cell shows kvlab's figure beside it.",
     ],
+    predicts=Prediction(
+        reread="'Where a timestamp goes': which blocks a stamp before the message changes, and what "
+        "the next turn resends",
+        within=3.0,
+        unit="%",
+    ),
 )
-def timestamp_before_message(answer: float) -> str:
-    expected = _percent(FleetConfig(header="before-message"))
-    others = {
-        "with no timestamp at all": FleetConfig(),
-        "with the timestamp at the top of the prompt": FleetConfig(header="start"),
-    }
-    _check_percent(answer, expected, others)
-    return (
-        f"{expected:.1f}%: nearly all the reuse survives. Placed before the message, the timestamp only "
-        "changes blocks that are new on this turn anyway, and it stays in the history that later turns resend."
+def timestamp_prediction(answer: float) -> str:
+    if not 0 <= answer <= 100:
+        raise NotYet(f"{answer} is not a percentage: a hit rate lies between 0 and 100%.")
+    return f"Prediction recorded: {answer:g}%. Now run the reveal cell below it."
+
+
+def _salt_split() -> tuple[int, int, int]:
+    """(extra prefill of a salt per tenant, of it the system prompt computed again, of it evictions)."""
+    salted = {"salt": "tenant", "tenants": TENANTS}
+    extra = _prefill(FleetConfig(**salted)) - _prefill(FleetConfig())
+    copies = _prefill(FleetConfig(capacity_blocks=UNLIMITED, **salted)) - _prefill(
+        FleetConfig(capacity_blocks=UNLIMITED)
     )
+    return extra, copies, extra - copies
 
 
 @exercise(
     "15.2",
-    title="A salt per tenant",
-    assesses="weighing isolation against reuse: how much a per-tenant salt costs compared with none "
-    "and with a salt per user",
-    minutes=5,
-    answer_type="number",
+    title="Where a per-tenant salt's extra prefill comes from",
+    assesses="explaining a measured cost from the rule: a salt makes each tenant compute the shared "
+    "prompt once, and its copies crowd the cache",
+    minutes=8,
+    answer_type="list",
     points=2,
     difficulty="core",
     prerequisites=["15.1"],
     hints=[
-        "Use salt='tenant' with tenants=10: 200 users in groups of 20 share a salt.",
-        "simulate(FleetConfig(salt='tenant', tenants=10)).hit_rate, in percent.",
+        "Without a salt the 1,200-token system prompt is computed once for the whole fleet. With a salt "
+        "per tenant, how many times? Only the extra times count.",
+        "With 10 tenants the prompt is computed 10 times instead of once: 9 extra computations of 1,200 "
+        "tokens. The rest of the extra prefill is conversation history the 10 copies pushed out.",
     ],
 )
-def salt_per_tenant(answer: float) -> str:
-    expected = _percent(FleetConfig(salt="tenant", tenants=10))
-    others = {"with no salt": FleetConfig(), "with a salt per user": FleetConfig(salt="user")}
-    _check_percent(answer, expected, others)
+def salt_split(answer: list[Any]) -> str:
+    extra, copies, evictions = _salt_split()
+    system = FleetConfig().system_tokens
+    expect_two_whole(answer, "[system prompt computed again, lost to evictions]")
+    if sum(answer) != extra:
+        raise NotYet(
+            f"Your two parts add up to {sum(answer):,}; together they must be the {extra:,} extra tokens."
+        )
+    if answer == [TENANTS * system, extra - TENANTS * system]:
+        raise NotYet(
+            "Without a salt the system prompt is computed once too: count only the computations a salt adds."
+        )
+    if answer == [evictions, copies]:
+        raise NotYet("Swapped: the first number is the system prompt computed again, the second evictions.")
+    if answer in ([0, extra], [extra, 0]):
+        raise NotYet(
+            "Both causes add prefill: the extra copies are computed, and they take room in the cache."
+        )
+    if answer != [copies, evictions]:
+        raise NotYet("How many extra times is the 1,200-token system prompt computed with a salt per tenant?")
     return (
-        f"{expected:.1f}%, close to no salt. The shared system prompt is now computed once per tenant "
-        "instead of once for everybody, and each tenant's 20 users still share it."
+        f"{copies:,} = {copies // system} extra computations of the {system:,}-token system prompt (one per "
+        f"tenant, less the one any fleet makes); the other {evictions:,} tokens are history evicted because "
+        f"the {TENANTS} copies take {TENANTS - 1} × {system // FleetConfig().block_size} more blocks. "
+        "With an unlimited cache only the first part remains."
     )
+
+
+def _orders(rng: random.Random | None) -> list[tuple[list[int], int]]:
+    """(users in arrival order, replicas): the notebook's cases, then fresh shuffled ones when grading."""
+    cases: list[tuple[list[int], int]] = [
+        ([0, 1, 0, 1], 2),
+        ([0, 0, 0], 2),
+        ([0, 1, 2, 0, 1, 2, 0], 3),
+        ([5, 5, 5, 5], 1),
+        ([0, 1, 0, 2, 1, 0, 2, 2], 4),
+    ]
+    if rng is not None:
+        for _ in range(12):
+            users, turns = rng.randint(1, 8), rng.randint(1, 5)
+            order = [u for u in range(users) for _ in range(turns)]
+            rng.shuffle(order)
+            cases.append((order, rng.randint(1, 6)))
+    return cases
+
+
+def _lands_with_history(users: list[int], replicas: int) -> list[bool]:
+    """kvlab.fleet's round-robin: request i goes to ``route(config, i, user)``; compare with the user's last."""
+    config = FleetConfig(users=max(users) + 1, replicas=replicas, routing="round-robin")
+    last: dict[int, int] = {}
+    out = []
+    for clock, user in enumerate(users):
+        replica = route(config, clock, user)
+        out.append(last.get(user) == replica)
+        last[user] = replica
+    return out
 
 
 @exercise(
     "15.3",
-    title="Four replicas: round-robin or user hash",
-    assesses="explaining why routing decides hits in a fleet: a prefix only helps on the replica that holds it",
+    title="Round-robin: which turns land where their history is?",
+    assesses="explaining why routing decides hits in a fleet, by writing the rule that says which "
+    "requests reach the replica holding their conversation",
     minutes=10,
-    answer_type="dict",
+    answer_type="function",
     points=2,
     difficulty="core",
     prerequisites=["15.1"],
     hints=[
-        "Two runs with replicas=4 and the lesson's 20,000 blocks (5,000 per replica); only routing differs.",
-        "Give {'round-robin': ..., 'user-hash': ...} with each hit rate in percent.",
+        "Round-robin sends request i (counting from 0, in arrival order) to replica i % replicas, "
+        "whoever sent it.",
+        "Remember, per user, the replica of its previous request; a user's first request has no history "
+        "anywhere (False).",
     ],
+    cases=_orders,
 )
-def replicas_and_routing(answer: dict[Any, Any]) -> str:
-    if set(answer) != {"round-robin", "user-hash"}:
-        raise NotYet("Give a dict with exactly two keys, 'round-robin' and 'user-hash'.")
-    expected = {
-        routing: _percent(FleetConfig(replicas=4, routing=routing))
-        for routing in ("round-robin", "user-hash")
-    }
-    values = {}
-    for routing, value in answer.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise NotYet(f"answer[{routing!r}] should be a number (a percentage), got {value!r}.")
-        values[routing] = float(value)
-    if all(0 < v <= 1 for v in values.values()):
-        raise NotYet("These look like fractions; give percentages (numbers from 0 to 100).")
-    swapped = all(abs(values[a] - expected[b]) < TOLERANCE for a, b in
-                  (("round-robin", "user-hash"), ("user-hash", "round-robin")))  # fmt: skip
-    if swapped:
-        raise NotYet(
-            "The two values are swapped: which routing sends a user's next turn to the same replica?"
-        )
-    for routing in ("round-robin", "user-hash"):
-        if abs(values[routing] - expected[routing]) < TOLERANCE:
-            continue
-        if abs(values[routing] - _percent(FleetConfig())) < TOLERANCE:
+def lands_with_history(function: Any, cases: list[tuple[list[int], int]]) -> str:
+    for users, replicas in cases:
+        got = call_for_list(function, "a list of True/False, one per request", list(users), replicas)
+        want = _lands_with_history(users, replicas)
+        if len(got) != len(want) or not all(type(g) is bool for g in got):
+            raise NotYet(f"Return one True or False per request: {len(want)} for {users}, got {got!r}.")
+        if got != want:
+            wrong = next(i for i, (g, w) in enumerate(zip(got, want, strict=True)) if g != w)
             raise NotYet(
-                f"{values[routing]}% is the single-replica hit rate; set replicas=4 for {routing!r}."
+                f"For users {users} on {replicas} replicas, request {wrong} (user {users[wrong]}) should "
+                f"be {want[wrong]}."
             )
-        raise NotYet(f"{values[routing]}% is not what kvlab's fleet gives for {routing!r} routing.")
-    rr, uh = expected["round-robin"], expected["user-hash"]
+    traffic = _traffic()
+    order = [r.user for r in traffic.requests]
+    later = [hit for hit, turn in zip(_lands_with_history(order, 4), _turns(order), strict=True) if turn > 0]
+    share = sum(later) / len(later)
     return (
-        f"Round-robin {rr:.1f}%, user hash {uh:.1f}%. "
-        "Round-robin sends a user's next turn to another replica three times in four, where only the "
-        "system prompt is cached; a sticky hash keeps each session where its history is."
+        f"On the lesson's traffic with 4 replicas, {share:.1%} of the later turns reach the replica that "
+        "served the user's previous turn; the others find only the system prompt (or an older turn) "
+        "there. A sticky user hash sends every later turn home."
     )
+
+
+def _turns(users: list[int]) -> list[int]:
+    seen: dict[int, int] = {}
+    out = []
+    for user in users:
+        out.append(seen.get(user, 0))
+        seen[user] = out[-1] + 1
+    return out
 
 
 def _same_prompt_twice(num_tokens: int, block_size: int) -> tuple[int, int]:

@@ -1,4 +1,4 @@
-"""Every exercise test starts with no hints revealed, no log file, and may register throwaway exercises.
+"""Every exercise test starts with no hints revealed, no predictions or reveals, no log file, and may register throwaway exercises.
 
 ``feedback`` is the check the notebooks' exercise tests share.
 """
@@ -16,6 +16,8 @@ from kvlab.exercises import core
 @pytest.fixture(autouse=True)
 def fresh_state(monkeypatch):
     monkeypatch.setattr(core, "_attempts", {})
+    monkeypatch.setattr(core, "_predictions", {})
+    monkeypatch.setattr(core, "_revealed", set())
     monkeypatch.setattr(core, "_REGISTRY", dict(core._REGISTRY))
     monkeypatch.delenv(core.LOG_ENV, raising=False)
 

@@ -11,6 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from hostile import all_hostile_values, kvlab_or_ok
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import kvlab.exercises as ex
 from kvlab.errors import InvalidArgumentError, KvlabError
@@ -152,7 +155,7 @@ def test_every_solution_is_right(log, capsys):
     solutions = _solutions()
     assert set(solutions) == {e.id for e in ex.exercises()}
     for exercise_id, source in solutions.items():
-        namespace: dict = {"check": ex.check}
+        namespace: dict = {"check": ex.check, "predict": core.predict}
         exec(compile(source, f"<solution {exercise_id}>", "exec"), namespace)
     assert [(r["id"], r["status"]) for r in log()] == [(i, "right") for i in solutions]
     assert capsys.readouterr().out.count(": right.") == len(solutions)
@@ -303,6 +306,99 @@ def test_compare_table_marks_agreement_and_logs_it(log, capsys):
 def test_compare_table_rejects_malformed_rows(rows):
     with pytest.raises(InvalidArgumentError, match="rows must be"):
         compare_table(rows)
+
+
+SERVER = "llama-server 0c1e57098 (tiny test model)"
+
+
+def test_compare_table_gives_each_source_a_column_and_skips_what_a_source_does_not_give(log, capsys):
+    compare_table(
+        [("cache_n", 23, 23, None), ("prompt_n", 5, None, 6), ("blocks", (1, 2), [1, 2], [1, 2])],
+        "turn two",
+        sources=("lesson", SERVER),
+        not_reproduced=[("access times", "kvlab models no clock"), ("hit rate at 1M users", "too slow")],
+    )
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "turn two"
+    assert out[1].split() == ["figure", "kvlab", "lesson", *SERVER.split()]
+    assert out[2].split()[-2:] == ["—", "✓"]  # the server does not give cache_n: not compared
+    assert out[3].rstrip().endswith(f"✗ differs from {SERVER}") and "—" in out[3]
+    assert out[4].rstrip().endswith("✓")
+    assert out[5:] == [
+        "  not reproduced by kvlab:",
+        "    access times: kvlab models no clock",
+        "    hit rate at 1M users: too slow",
+    ]
+    assert log() == [
+        {"compare": "turn two", "ok": False, "mismatches": ["prompt_n"],
+         "not_reproduced": ["access times", "hit rate at 1M users"]}
+    ]  # fmt: skip
+
+
+def test_compare_table_keeps_the_older_against_call(log, capsys):
+    compare_table([("cache_n", 23, 23)], "server", against="server")
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].split() == ["figure", "kvlab", "server"] and out[2].rstrip().endswith("✓")
+    assert log() == [{"compare": "server", "ok": True, "mismatches": []}]
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: compare_table([("a", 1, 1)], sources=("lesson", "server"), against="x"), "not both"),
+        (lambda: compare_table([("a", 1, None)]), "no source gives"),
+        (lambda: compare_table([("a", 1, 1)], sources=()), "1 to 4 sources"),
+        (lambda: compare_table([("a", 1, 1, 1)], sources=("lesson", "lesson")), "distinct"),
+        (lambda: compare_table([("a", 1, 1, 1)], sources=("lesson", "kvlab")), "distinct"),
+        (lambda: compare_table([("a", 1, 1)], sources="lesson"), "sources must be"),
+        (lambda: compare_table([("a", 1, 1)], sources=("x" * 61,)), "at most 60"),
+        (lambda: compare_table([("a", 1, 1)], sources=("two\nlines",)), "one line"),
+        (lambda: compare_table([("a", 1, 1, 2)]), "rows must be"),  # one source, two values
+        (lambda: compare_table([("a", None, 1)]), "kvlab"),
+        (lambda: compare_table([(1, 1, 1)]), "figure name"),
+        (lambda: compare_table([("a", 1, 1)], title=""), "title"),
+        (lambda: compare_table([("a", 1, 1)], not_reproduced=[("figure",)]), "pairs"),
+        (lambda: compare_table([("a", 1, 1)], not_reproduced=[("figure", "")]), "reason"),
+        (lambda: compare_table([("a", 1, 1)], not_reproduced="access times"), "not_reproduced must be"),
+        (lambda: compare_table([("a", {1, 2}, 1)]), "number, a string, or a list"),
+        (lambda: compare_table([("a", {(1, 2): 1}, 1)]), "keys of"),
+        (lambda: compare_table([("a", 1, b"1")]), "number, a string, or a list"),
+    ],
+)
+def test_compare_table_refuses_bad_input_and_prints_nothing(call, match, log, capsys):
+    with pytest.raises(InvalidArgumentError, match=match):
+        call()
+    assert capsys.readouterr().out == "" and log() == []
+
+
+def test_compare_table_never_lets_a_value_decide_it_agrees(log, capsys):
+    from hostile import AlwaysEqual, LyingInt
+
+    for liar in (AlwaysEqual(), [AlwaysEqual()], {0: AlwaysEqual()}):
+        with pytest.raises(InvalidArgumentError, match="number, a string, or a list"):
+            compare_table([("a", 1, liar)])
+    compare_table([("a", LyingInt(3), 4)])  # an int subclass is read by its value, not its ==
+    assert capsys.readouterr().out.rstrip().endswith("✗ differs")
+    assert log() == [{"compare": "kvlab vs the lesson", "ok": False, "mismatches": ["a"]}]
+
+
+WHERE = ["kvlab", "source", "label", "row", "missing", "title"]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(value=all_hostile_values(), where=st.sampled_from(WHERE))
+def test_compare_table_takes_or_refuses_hostile_values(value, where, capsys):
+    capsys.readouterr()
+    calls = {
+        "kvlab": lambda: compare_table([("a", value, 1)]),
+        "source": lambda: compare_table([("a", 1, value)]),
+        "label": lambda: compare_table([("a", 1, 1)], sources=(value,)),
+        "row": lambda: compare_table([value]),
+        "missing": lambda: compare_table([("a", 1, 1)], not_reproduced=[value]),
+        "title": lambda: compare_table([("a", 1, 1)], title=value),
+    }
+    if not kvlab_or_ok(calls[where]):
+        assert capsys.readouterr().out == "", "a refused table printed something"
 
 
 def test_instructors_page_is_up_to_date():

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 import kvlab.exercises as ex
+from kvlab.exercises.core import reveal
 from kvlab.fleet import FleetConfig, chat_traffic, simulate
 
 
@@ -22,37 +25,56 @@ def test_notebook_15_has_four_exercises():
     assert [e.id for e in ex.exercises("15")] == ["15.1", "15.2", "15.3", "15.4"]
 
 
-def test_timestamp_before_message(percent):
-    expected = percent(header="before-message")
-    assert ex.check("15.1", round(expected, 1)).right
-    assert ex.check("15.1", expected).right
-    assert "fraction" in ex.check("15.1", expected / 100).message
-    assert "no timestamp at all" in ex.check("15.1", round(percent(), 1)).message
-    assert "at the top of the prompt" in ex.check("15.1", 0.0).message
+def test_the_timestamp_prediction_takes_any_percentage_before_the_reveal(percent):
+    assert ex.get("15.1").kind == "prediction"
+    assert ex.check("15.1", 40).right  # a wrong guess earns the points: it was made before the reveal
     assert "not a percentage" in ex.check("15.1", 140).message
-    assert "not what kvlab's fleet gives" in ex.check("15.1", round(expected, 1) - 1).message
+    assert "expects a number" in ex.check("15.1", float("nan")).message
+    assert ex.check("15.1", ...).status == ex.NOT_DONE  # the cell as it is now: no prediction any more
+    shown = reveal("15.1", percent(header="before-message"))
+    assert shown.on_mark is None and shown.prediction is None and "No prediction was recorded" in shown.text()
+    late = ex.check("15.1", 92)
+    assert late.status == ex.NOT_YET and "already on screen" in late.message
 
 
-def test_salt_per_tenant(percent):
-    expected = percent(salt="tenant", tenants=10)
-    assert ex.check("15.2", round(expected, 1)).right
-    assert "with a salt per user" in ex.check("15.2", round(percent(salt="user"), 1)).message
-    assert "with no salt" in ex.check("15.2", round(percent(), 1)).message
-    assert "fraction" in ex.check("15.2", expected / 100).message
+def test_the_salt_split(percent):
+    feedback_ok = ex.check("15.2", [10_800, 13_872])
+    assert feedback_ok.right and "9 extra computations" in feedback_ok.message
+    assert (
+        "Without a salt the system prompt is computed once too" in ex.check("15.2", [12_000, 12_672]).message
+    )
+    assert "Swapped" in ex.check("15.2", [13_872, 10_800]).message
+    assert "Both causes" in ex.check("15.2", [0, 24_672]).message
+    assert "add up to 24,000" in ex.check("15.2", [10_800, 13_200]).message
+    assert "How many extra times" in ex.check("15.2", [11_000, 13_672]).message
+    assert "two whole numbers" in ex.check("15.2", [10_800.5, 13_871.5]).message
 
 
-def test_replicas_and_routing(percent):
-    rr = round(percent(replicas=4, routing="round-robin"), 1)
-    uh = round(percent(replicas=4, routing="user-hash"), 1)
-    assert rr < uh
-    assert ex.check("15.3", {"round-robin": rr, "user-hash": uh}).right
-    assert "swapped" in ex.check("15.3", {"round-robin": uh, "user-hash": rr}).message
-    assert "exactly two keys" in ex.check("15.3", {"rr": rr, "hash": uh}).message
-    assert "fractions" in ex.check("15.3", {"round-robin": rr / 100, "user-hash": uh / 100}).message
-    single = round(percent(), 1)
-    assert "single-replica" in ex.check("15.3", {"round-robin": single, "user-hash": uh}).message
-    assert "should be a number" in ex.check("15.3", {"round-robin": "65", "user-hash": uh}).message
-    assert ex.check("15.3", {"round-robin": ..., "user-hash": ...}).status == ex.NOT_DONE
+def _by_rule(users, replicas):
+    last, out = {}, []
+    for i, user in enumerate(users):
+        out.append(last.get(user) == i % replicas)
+        last[user] = i % replicas
+    return out
+
+
+def test_round_robin_history_rule():
+    result = ex.check("15.3", _by_rule)
+    assert result.right and "of the later turns reach the replica" in result.message
+    message = ex.check("15.3", lambda users, replicas: [False] * len(users)).message
+    assert "should be True" in message
+    message = ex.check("15.3", lambda users, replicas: [u % replicas == 0 for u in users]).message
+    assert "should be" in message
+    assert (
+        "one True or False per request" in ex.check("15.3", lambda users, replicas: [0] * len(users)).message
+    )
+    hidden = ex.get("15.3").draw_cases(random.Random(4))
+    shown = ex.get("15.3").draw_cases(None)
+    assert hidden[: len(shown)] == shown and len(hidden) > len(shown)
+    table = {repr(c): _by_rule(*c) for c in shown}
+    memorised = lambda users, replicas: table.get(repr((users, replicas)), [True] * len(users))  # noqa: E731
+    assert ex.check("15.3", memorised).right
+    assert ex.evaluate(ex.get("15.3"), memorised, hidden).status == ex.NOT_YET
 
 
 def test_same_prompt_twice():
@@ -64,3 +86,54 @@ def test_same_prompt_twice():
     assert "add up to" in ex.check("15.4", [1984, 15]).message
     assert "two whole numbers" in ex.check("15.4", [1984.0, 16]).message
     assert "not what the prefix cache reports" in ex.check("15.4", [1968, 32]).message
+
+
+def test_every_percentage_notebook_15_states_is_printed_by_its_cells():
+    """The prose's hit rates come from the runs the notebook prints, through kvlab.lessons.fleet's lines."""
+    import re
+    from pathlib import Path
+
+    import nbformat
+
+    from kvlab.fleet import simulate_many
+    from kvlab.lessons import fleet as lf
+
+    nb = nbformat.read(Path(__file__).resolve().parents[2] / "notebooks" / "15_fleet_prefix_caching.ipynb", 4)
+    stated = set()
+    for cell in nb.cells:
+        if cell.cell_type == "markdown" and not cell.source.startswith(
+            ("## Check yourself", "#### The same probe")
+        ):
+            stated |= set(re.findall(r"\d+\.\d%", cell.source))
+    traffic, small = chat_traffic(), chat_traffic(users=50)
+    table = lf.lesson_table()
+    stable, quarter, tiny, top, per_user = table[1:]
+    unlimited = simulate(FleetConfig(capacity_blocks=10**7), traffic=traffic)
+    ceiling = max(simulate(FleetConfig(users=50, capacity_blocks=10**7), traffic=small).trace.cached_blocks)
+    sizes = [50, 100, 250, 500, 1000, 2000, 3000, 4000, 5000, ceiling]
+    sweep = simulate_many([FleetConfig(users=50, capacity_blocks=c) for c in sizes], traffic=small)
+    routed = simulate_many(
+        [FleetConfig(users=50, capacity_blocks=c, replicas=r, routing=g)
+         for c, r, g in ((5000, 1, "round-robin"), (5000, 2, "round-robin"), (5000, 2, "user-hash"),
+                         (10000, 2, "round-robin"), (10000, 2, "user-hash"))],
+        traffic=small,
+    )  # fmt: skip
+    store = simulate_many([FleetConfig(users=50, capacity_blocks=c) for c in (5000, 1250)], traffic=small)
+    engine = [simulate(FleetConfig(users=50, capacity_blocks=5000), engine=True, busy_blocks=b, traffic=small)
+              for b in (0, 3750)]  # fmt: skip
+    engine_quarter = simulate(FleetConfig(capacity_blocks=5000), engine=True, traffic=traffic)
+    printed = "\n".join(
+        [lf.format_table(table)]
+        + lf.turn_lines([stable, quarter, tiny, per_user])
+        + lf.working_set_lines(unlimited, stable)
+        + lf.sweep_lines(sweep)
+        + lf.salt_lines(stable, per_user)
+        + lf.routing_lines(routed)
+        + lf.rate_lines({"a": store[0], "b": store[1], "c": engine[0], "d": engine[1], "e": engine_quarter})
+        + lf.rate_lines(
+            {"top": top, "before": simulate(FleetConfig(header="before-message"), traffic=traffic)}
+        )
+    )
+    assert stated, "no percentages found in the prose"
+    missing = sorted(p for p in stated if p not in printed)
+    assert not missing, f"notebook 15 states {missing} but no cell prints them"
