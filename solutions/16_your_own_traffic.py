@@ -9,7 +9,7 @@ prediction = 144
 check("16.1", prediction)
 """,
     "16.2": """\
-# Consecutive prompts first differ at token 22 (the timestamp's minutes), inside the second block, so each
+# Consecutive prompts first differ at token 21 or 22 (the timestamp's minutes), inside the second block, so each
 # turn finds only its first 16-token block; the first turn finds nothing: 47 x 16 = 752.
 prediction = 752
 check("16.2", prediction)

@@ -42,9 +42,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvlab.core.chat_format import Tokenizer, as_messages, render_text
-from kvlab.errors import InvalidArgumentError, KvlabError, brief, check_int
+from kvlab.errors import InvalidArgumentError, KvlabError, brief, check_int, check_items
 from kvlab.fleet.traffic import chat_traffic, prompts_and_answers
 from kvlab.models.prefix_cache import PrefixCache
+from kvlab.server.slots import common_prefix
 
 KEEP_LAST = 5  # tool results a layout must keep verbatim
 BLOCK_SIZE = 16
@@ -295,6 +296,12 @@ def session_prompts(session: AgentSession, layout: Layout) -> list[tuple[int, ..
                 f"layout(session, {t}) gave messages kvlab cannot render: {exc}"
             ) from None
     return prompts
+
+
+def first_differences(prompts: Sequence[Sequence[int]]) -> list[int]:
+    """Where each prompt first differs from the one before it (its length when it only extends it)."""
+    items = check_items("prompts", prompts)
+    return [common_prefix(a, b) for a, b in zip(items, items[1:], strict=False)]
 
 
 def price_session(

@@ -5,6 +5,10 @@ qwen2-vocab model, ``-np 1 --cache-ram 0``, ``max_tokens`` 8) twice: append-only
 then with a clock line at the start of the system prompt. Its recorded counters
 are here next to kvlab's replay of the same two runs (``example_10``), which
 uses ``kvlab.server.slots.SlotServer`` and ``kvlab.server.conversation.replay_chat``.
+
+Notebook 10's helpers live here too, so its cells are a few calls: the two agents taking turns on
+several slot servers (``take_turns``), the stepper's steps and figure (``counter_steps``,
+``counters_figure``) and the chat over HTTP (``chat_over_http``).
 """
 
 from __future__ import annotations
@@ -12,10 +16,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvlab.core.chat_format import Tokenizer
-from kvlab.errors import LIMITS, InvalidArgumentError, check_size
+from kvlab.core.chat_format import Message, Tokenizer, render, reply_tokens
+from kvlab.core.snapshots import RequestRecord, Step
+from kvlab.errors import LIMITS, InvalidArgumentError, check_bool, check_items, check_size, check_text
 from kvlab.server.conversation import ChatTurn, TurnCounters, predicted_cache_n, replay_chat, tokens_processed
 from kvlab.server.slots import SlotServer
+from kvlab.views import cache_n_figure
+from kvlab.views.animations import animate
+from kvlab.views.text import caption
 
 # the lesson's recorded values (llama-server, tiny qwen2-vocab model, -np 1 --cache-ram 0, max_tokens 8)
 LESSON_MAX_TOKENS = 8
@@ -31,7 +39,8 @@ LESSON_CLOCK = (
     TurnCounters(90, 10, 80),
     TurnCounters(112, 10, 102),
 )
-# the same experiment on another build (shared/notes/llama-server.md): cache_n = previous + 8 - 1 again
+# not the lesson's: kvlab's own run of the same experiment on llama-server 0c1e57098 with a tiny
+# random-weight test model (another tokenizer, longer prompts): cache_n = previous + 8 - 1 again
 NOTES_APPEND_ONLY = (
     TurnCounters(76, 0, 76),
     TurnCounters(134, 83, 51),
@@ -153,24 +162,256 @@ def _ids(start: int, n: int) -> tuple[int, ...]:
     return tuple(3 + (start + 7 * i) % 509 for i in range(n))
 
 
-def on_real_server() -> list[str]:
+def _lesson_chat() -> list[object]:
+    """The lesson's append-only chat as token ids: a 34-token prompt, then 14 new tokens a turn after each reply."""
+    from kvlab.lessons.real_llama import Request
+
+    return [Request(_ids(0, 34), 8)] + [Request(_ids(t, 14), 8, after_previous=True) for t in (1, 2, 3)]
+
+
+def real_chat_rows() -> list[tuple[str, list[int], list[int], list[int]]] | None:
+    """The lesson's append-only chat (its prompt sizes, 8-token replies) on a real llama-server, run now.
+
+    Rows for ``compare_table(..., sources=("lesson", REAL_SERVER))``: (what, kvlab's model on the
+    prompts and replies the real server saw, the lesson's figure, the real server's). None without
+    the binary (``python tools/conformance/llama_harness.py --build``).
+    """
+    from kvlab.lessons.real_llama import available, run_slots
+
+    if not available("llama"):
+        return None
+    real, ours = run_slots(_lesson_chat(), n_ctx=512)
+    lesson = {"prompt": [34, 56, 78, 100], "cache_n": [0, 41, 63, 85], "prompt_n": [34, 15, 15, 15]}
+    return [
+        (f"append-only: {'prompt_tokens' if key == 'prompt' else key}", [r[key] for r in ours], lesson[key],
+         [r[key] for r in real])
+        for key in ("prompt", "cache_n", "prompt_n")
+    ]  # fmt: skip
+
+
+def on_real_server(chat: bool = True) -> list[str]:
     """Three runs on a real llama-server next to kvlab's prediction, or one line saying how to get one.
 
     An append-only chat of token ids (``cache_n`` = previous prompt + 8 - 1), a prompt longer than
     the slot that is refused yet still moves the next request to the other slot, and ``n_predict:
-    0``, which samples one token anyway (``kvlab.lessons.real_llama``).
+    0``, which samples one token anyway (``kvlab.lessons.real_llama``). ``chat=False`` leaves the
+    chat out (notebook 10 shows it as a table with ``real_chat_rows``).
     """
     from kvlab.lessons.real_llama import Request, available, missing_line, run_slots, side_by_side
 
+    chat = check_bool("chat", chat)
     if not available("llama"):
         return [missing_line("each request's slot, cache_n, prompt_n and tokens sampled next to kvlab's")]
-    chat = [Request(_ids(0, 34), 8)] + [Request(_ids(t, 14), 8, after_previous=True) for t in (1, 2, 3)]
+    turns = _lesson_chat()
     refusal = [Request(_ids(4, 10)), Request(_ids(5, 300)), Request(_ids(6, 12))]
     zero = [Request(_ids(7, 40), 0), Request(_ids(7, 40) + _ids(8, 5), 0)]
     cols = ["slot", "cache_n", "prompt_n", "n_generated"]
-    lines = side_by_side("append-only chat, -np 1, max_tokens 8", *run_slots(chat, n_ctx=512), cols)
+    lines = (
+        side_by_side("append-only chat, -np 1, max_tokens 8", *run_slots(turns, n_ctx=512), cols)
+        if chat
+        else []
+    )
     lines += side_by_side(
         "a 300-token prompt on 256-token slots, -np 2", *run_slots(refusal, n_slots=2, n_ctx=256), cols
     )
     lines += side_by_side("n_predict 0, -np 1", *run_slots(zero, n_ctx=512), cols)
+    return lines
+
+
+# ---------------------------------------------------------------------------- notebook 10's helpers
+
+REAL_SERVER = "llama-server 0c1e57098 (tiny test model), observed by kvlab"
+"""The column head of counters kvlab itself recorded on a real llama-server (not the lesson's)."""
+
+TWO_AGENTS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "coder": (
+        "Coding agent. Read files with the tools, change as little as you can, and answer briefly.",
+        ("List the files in src.", "Open the config.", "Run the tests."),
+    ),
+    "planner": (
+        "Travel planner. Suggest trains before flights, keep to the budget, and answer in short lines.",
+        ("Plan a weekend in Lyon.", "Find a cheaper hotel.", "Add a museum visit."),
+    ),
+}
+"""Two agents with different system prompts, three turns each (notebook 10, several slots)."""
+
+AgentRun = list[tuple[str, RequestRecord]]
+
+
+def _server(server: object) -> SlotServer:
+    if not isinstance(server, SlotServer):
+        raise InvalidArgumentError(f"server must be a SlotServer, got {type(server).__name__}")
+    return server
+
+
+def take_turns(server: SlotServer, max_tokens: int = LESSON_MAX_TOKENS) -> AgentRun:
+    """The two agents of ``TWO_AGENTS`` taking turns on ``server``, coder first; one (agent, record) per request.
+
+    Each turn is what ``replay_chat`` does for one conversation: render the history and a new
+    message, send it with the simulated model's greedy reply, keep the reply in the history.
+    """
+    server = _server(server)
+    max_tokens = check_size("max_tokens", max_tokens, "tokens", minimum=1)
+    tokenizer = Tokenizer()
+    histories = {name: [Message("system", system)] for name, (system, _) in TWO_AGENTS.items()}
+    out: AgentRun = []
+    for turn in range(3):
+        for name, (_, texts) in TWO_AGENTS.items():
+            history = histories[name] + [Message("user", texts[turn])]
+            prompt = render(history, tokenizer)
+            reply = reply_tokens(tokenizer, prompt.tokens, max_tokens)
+            out.append((name, server.complete(prompt.tokens, max_tokens=max_tokens, generated=reply)))
+            histories[name] = history + [Message("assistant", tokenizer.decode(reply))]
+    return out
+
+
+def two_agents_on_three_servers() -> dict[str, AgentRun]:
+    """The two agents on ``-np 1``, ``-np 2`` (both ``--cache-ram 0``) and ``-np 1`` with the default RAM cache."""
+    servers = {
+        "-np 1": SlotServer(1, cache_ram_mib=0),
+        "-np 2": SlotServer(2, cache_ram_mib=0),
+        "-np 1 + RAM cache": SlotServer(1),  # --cache-ram 8192, the default
+    }
+    return {label: take_turns(server) for label, server in servers.items()}
+
+
+def agent_lines(results: dict[str, AgentRun]) -> list[str]:
+    """One line per request: the agent, its slot and how it was chosen, its counters and the RAM cache's moves."""
+    lines = []
+    for label, records in results.items():
+        lines.append(label)
+        for i, (name, r) in enumerate(records, 1):
+            how = r.selected_by + ("" if r.similarity is None else f" {r.similarity:.2f}")
+            ram = (", saved to RAM" if r.ram_saved else "") + (", loaded from RAM" if r.ram_loaded else "")
+            lines.append(
+                f"  {i}. {name:<8} slot {r.slot_id} by {how:<8}  prompt {r.prompt_tokens:>3}  "
+                f"cache_n {r.cache_n:>3}  prompt_n {r.prompt_n:>3}{ram}"
+            )
+    return lines
+
+
+def same_counters_from(a: AgentRun, b: AgentRun) -> int | None:
+    """The first request (counting from 1) from which ``a`` and ``b`` report the same cache_n and prompt_n
+    on every request to the end, or None when their last requests already differ."""
+    if len(a) != len(b) or not a:
+        raise InvalidArgumentError("give two runs of the same, non-zero number of requests")
+    first = None
+    for i in range(len(a), 0, -1):
+        (_, x), (_, y) = a[i - 1], b[i - 1]
+        if (x.cache_n, x.prompt_n) != (y.cache_n, y.prompt_n):
+            break
+        first = i
+    return first
+
+
+def where_matches_stop(
+    server: SlotServer, tokenizer: Tokenizer, requests: Sequence[int] = (1, 5)
+) -> list[str]:
+    """For each placed request (0-based, in arrival order), its ``cache_n`` and the text on both sides of it."""
+    server = _server(server)
+    placed = [step for step in server.history if step.event.kind == "slots.place"]
+    lines = []
+    for i in check_items("requests", requests):
+        i = check_size("request", i, "count")
+        if i >= len(placed):
+            raise InvalidArgumentError(f"the server placed {len(placed)} requests; there is no request {i}")
+        prompt, cache_n = placed[i].state.slots[0].tokens, placed[i].state.last.cache_n
+        lines += [
+            f"request {i + 1}: cache_n {cache_n} of {len(prompt)} tokens",
+            "  end of the reused part: " + repr(tokenizer.decode(prompt[:cache_n])[-40:]),
+            "  processed:              " + repr(tokenizer.decode(prompt[cache_n:])[:90]),
+        ]
+    return lines
+
+
+def _runs_up_to(server: SlotServer, index: int, turns: int) -> dict[str, list[object]]:
+    """Each request placed up to step ``index``, split into the append-only and the clock run; unsent turns are (0, 0)."""
+    latest: dict[str, RequestRecord] = {}
+    for step in server.history.steps[: index + 1]:
+        if step.state.last is not None:
+            latest[step.state.last.request_id] = step.state.last
+    records: list[object] = list(latest.values())
+    unsent: list[object] = [(0, 0)] * turns
+    return {
+        "append-only": (records[:turns] + unsent)[:turns],
+        "clock in the system prompt": (records[turns:] + unsent)[:turns],
+    }
+
+
+def counter_steps(server: SlotServer, turns: int = 4) -> list[Step]:
+    """One Step per step of the server's history: its caption and every request's counters so far, by run."""
+    server = _server(server)
+    turns = check_size("turns", turns, "turns", minimum=1)
+    return [
+        Step(step.index, caption(step), _runs_up_to(server, step.index, turns)) for step in server.history
+    ]
+
+
+def counters_figure(runs: dict[str, list[object]], title: str = "Each request so far: cache_n and prompt_n"):
+    """cache_n_figure of both runs with one y axis for every step (0-125 tokens), so the bars do not jump."""
+    figure = cache_n_figure(runs, title=title).update_annotations(xanchor="center")
+    return figure.update_yaxes(range=[0, 125])
+
+
+def counters_animation(server: SlotServer, turns: int = 4):
+    """The plotly animation of ``counter_steps``: one frame per request placed (the steps where the bars change)."""
+    server = _server(server)
+    steps = counter_steps(server, turns)
+    placed = [s for s in steps if s.index == 0 or server.history[s.index].event.kind == "slots.place"]
+    return animate(
+        [counters_figure(s.state, caption(s)).to_dict() for s in placed], [caption(s) for s in placed]
+    )
+
+
+def chat_over_http(
+    server: object, messages: Sequence[str], system: str = EXAMPLE_SYSTEM
+) -> list[tuple[str, list[int], list[int]]]:
+    """Play an append-only chat as llama-server's client does, and kvlab's prediction beside the server's counters.
+
+    Each turn: ``POST /tokenize`` for the rendered history's ids, then ``POST /completion`` with those
+    ids and ``n_predict`` 8, the reply kept in the history. The recorded exchanges go through
+    ``kvlab.traces`` (llama-server's slots, one slot). ``server`` is what ``kvlab.serve.start_server``
+    returns. One row per turn: (what, kvlab's [cache_n, prompt_n], the server's [cache_n, prompt_n]).
+    """
+    from kvlab.core.chat_format import render_text
+    from kvlab.traces import predict_trace, read_trace
+    from kvlab.traces.record import TraceRecorder
+
+    if not hasattr(server, "url") or not hasattr(server, "post"):
+        raise InvalidArgumentError(f"server must be what start_server returns, got {type(server).__name__}")
+    texts = [
+        check_text("a message", m, allow_empty=False) for m in check_items("messages", messages, "turns")
+    ]
+    history = [{"role": "system", "content": check_text("system", system)}]
+    with TraceRecorder(server.url) as recorder:
+        for text in texts:
+            history.append({"role": "user", "content": text})
+            ids = server.post("/tokenize", {"content": render_text(history)})["tokens"]  # the server's ids
+            reply = recorder.completion(ids, n_predict=LESSON_MAX_TOKENS, return_tokens=True)
+            history.append({"role": "assistant", "content": reply["content"]})
+        report = predict_trace(read_trace(recorder.text()), server="llama", slots=1)
+
+    def split(counters: dict) -> list[int]:
+        return [counters["cached_tokens"], counters["prompt_tokens"] - counters["cached_tokens"]]
+
+    return [
+        (f"turn {r.index + 1}: cache_n, prompt_n", split(r.predicted), split(r.reported)) for r in report.rows
+    ]
+
+
+def compare_runs(a: AgentRun, b: AgentRun, a_name: str, b_name: str) -> list[str]:
+    """From which request ``b``'s counters equal ``a``'s to the end, and each earlier request where they differ."""
+    a_name, b_name = check_text("a_name", a_name), check_text("b_name", b_name)
+    agree = same_counters_from(a, b)
+    lines = [
+        f"{b_name}: cache_n and prompt_n equal {a_name}'s from request {agree} on"
+        if agree
+        else f"{b_name}: the last request's counters differ from {a_name}'s"
+    ]
+    for i, ((name, x), (_, y)) in enumerate(zip(a, b, strict=True), 1):
+        if (agree is None or i < agree) and (x.cache_n, x.prompt_n) != (y.cache_n, y.prompt_n):
+            lines.append(
+                f"  request {i} ({name}) differs: cache_n {y.cache_n}, prompt_n {y.prompt_n} "
+                f"against {x.cache_n} and {x.prompt_n}"
+            )
     return lines

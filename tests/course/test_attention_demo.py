@@ -1,0 +1,138 @@
+"""Notebook 14's experiment helpers build what they say, measure with kvlab's timing recipe and refuse bad input."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+torch = pytest.importorskip("torch")
+
+from hostile import hostile_values  # noqa: E402
+
+from kvlab.core.timing import Timing  # noqa: E402
+from kvlab.errors import KvlabError  # noqa: E402
+from kvlab.lessons import attention_demo as demo  # noqa: E402
+
+
+def _error(batch: demo.PagedBatch, impl: str = "torch") -> float:
+    expected = demo.dense_attention(batch.query, batch.keys, batch.values)
+    return (batch.attend(impl).double() - expected).abs().max().item()
+
+
+@pytest.mark.parametrize("block_size", [1, 16, 64])
+def test_paged_batch_matches_dense_attention_shuffled_and_in_order(one_thread, block_size):
+    lengths = [1, 17, 100]
+    shuffled = demo.paged_batch(lengths, block_size, seed=3)
+    in_order = demo.paged_batch(lengths, block_size, seed=3, shuffled=False)
+    assert _error(shuffled) < 1e-5 and _error(in_order) < 1e-5
+    # the same keys and values, only placed differently
+    assert all(torch.equal(a, b) for a, b in zip(shuffled.keys, in_order.keys, strict=True))
+    flat = [
+        b
+        for row, n in zip(in_order.block_tables.tolist(), lengths, strict=True)
+        for b in row[: -(-n // block_size)]
+    ]
+    assert flat == list(range(len(flat))), "in order: the blocks follow each other, sequence after sequence"
+    assert in_order.kv_bytes == in_order.key_cache.nbytes * 2
+
+
+def test_a_shuffled_pool_is_not_in_order(one_thread):
+    batch = demo.paged_batch([300, 300], 16, seed=0)
+    flat = [b for row in batch.block_tables.tolist() for b in row]
+    assert flat != sorted(flat)
+
+
+def test_error_table_has_a_row_per_block_size_and_dtype(one_thread):
+    lines = demo.error_table([1, 7, 40], ["reference", "torch"])
+    assert len(lines) == 2 + 6
+    errors = [float(x) for line in lines[2:] for x in line.split()[2:]]
+    assert max(errors) < 1e-2  # float16 rows included
+
+
+def test_block_size_sweep_counts_slots_read_and_times_every_size(one_thread):
+    sweep = demo.block_size_sweep([10, 40], [4, 64], repeats=3)
+    assert sweep.tokens == 50
+    assert sweep.held == {4: 12 + 40, 64: 128}
+    assert sweep.table == {4: 10, 64: 1}
+    assert all(isinstance(t, Timing) and t.repeats == 3 for t in sweep.times.values())
+    lines = sweep.lines(per_token=256)
+    assert "64-token blocks: 128 slots held for 50 tokens, 2.56x" in lines[-1]
+    assert lines[-2].startswith("CPU time: slowest median")
+
+
+def test_decode_against_sdpa_times_each_layout_and_a_copy(one_thread):
+    result = demo.decode_against_sdpa(
+        ["torch"], num_seqs=2, seq_len=64, num_heads=4, num_kv_heads=2, head_dim=8, repeats=2
+    )
+    assert set(result.times) == {
+        "paged, torch",
+        "paged, torch, blocks in order",
+        "contiguous, torch SDPA",
+        "memory copy",
+    }
+    lines = result.lines()
+    assert lines[0].startswith("this CPU: 2 sequences × 64 tokens")
+    assert any(line.startswith("paged torch / SDPA, in time:") for line in lines)
+    assert any("shuffled blocks / the same blocks in order" in line for line in lines)
+
+
+def test_predicted_cached_follows_vllms_rounding():
+    assert demo.predicted_cached(64, False) == 0
+    assert demo.predicted_cached(64, True) == 48  # the last block holds the last prompt token
+    assert demo.predicted_cached(205, True) == 192
+
+
+def test_verdicts_come_from_the_spreads():
+    fast = Timing((1.0, 1.0, 1.1, 1.0), (1.0, 1.0, 1.0, 1.0))
+    slow = Timing((3.0, 3.1, 3.0, 3.2), (3.0, 3.0, 3.0, 3.0))
+    noisy = Timing((0.5, 4.0, 0.6, 3.9), (1.0, 1.0, 1.0, 1.0))
+    assert "clearly faster" in demo._verdict(fast, slow, "a", "b")
+    assert "no clear difference" in demo._verdict(noisy, slow, "a", "b")
+    sweep = {1: slow, 2: fast, 4: fast, 8: fast}
+    lines = demo.sweep_lines(sweep, fit=4)
+    assert "2 clients against 1: clearly more" in "\n".join(lines)
+    assert lines[-1].endswith("the pool, not the clients, is the limit") or "no clear limit" in lines[-1]
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: demo.paged_batch([], 16),
+        lambda: demo.paged_batch([0], 16),
+        lambda: demo.paged_batch([10], 0),
+        lambda: demo.paged_batch([10], 16, device="tpu"),
+        lambda: demo.paged_batch([10], 16, num_heads=6, num_kv_heads=4),
+        lambda: demo.paged_batch([10], 16, shuffled=1),
+        lambda: demo.paged_batch([1 << 21] * 64, 16, num_kv_heads=8, head_dim=128, num_heads=8),
+        lambda: demo.error_table([4], ["fast"]),
+        lambda: demo.block_size_sweep([4], [0]),
+        lambda: demo.decode_against_sdpa(["reference"]),
+        lambda: demo.predicted_cached(0, True),
+        lambda: demo.predicted_cached(10, 1),
+        lambda: demo.pool_bytes(object()),
+        lambda: demo.sync_for("gpu"),
+        lambda: demo.clock_for("tpu"),
+        lambda: demo.on_clock(Timing((1.0,), (1.0,)), "sundial"),
+    ],
+)
+def test_bad_input_is_refused_with_kvlabs_error(call):
+    with pytest.raises(KvlabError):
+        call()
+
+
+@settings(max_examples=40, deadline=None)
+@given(hostile_values())
+def test_hostile_lengths_and_block_sizes_are_refused_or_handled(value):
+    for call in (lambda: demo.paged_batch(value, 16), lambda: demo.paged_batch([5], value)):
+        try:
+            batch = call()
+        except KvlabError:
+            continue
+        assert batch.seq_lens.numel() >= 1
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.integers(1, 70), min_size=1, max_size=4), st.sampled_from([1, 16, 64]))
+def test_any_small_batch_matches_dense_attention(lengths, block_size):
+    assert _error(demo.paged_batch(lengths, block_size)) < 1e-5
