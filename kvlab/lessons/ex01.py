@@ -4,6 +4,8 @@ Part one gives each of five requests a ``max_len``-slot region of a ``Contiguous
 uses only its real length; part two reserves exact sizes, lets two requests finish and shows a new
 request refused while the free total would hold it. The runners take the lesson's numbers as
 defaults of ``example_1`` and any others as arguments, so the exercises can replay a student's own.
+``part_one_rows`` and ``part_two_rows`` line kvlab's figures up with the ones the lesson printed
+(``LESSON_PART_ONE``, ``LESSON_PART_TWO``), for ``compare_table``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,23 @@ from dataclasses import dataclass
 from kvlab.core.snapshots import ContiguousState, History
 from kvlab.errors import InvalidArgumentError, check_int, check_size
 from kvlab.models.contiguous import ContiguousPool
+
+LESSON_PART_ONE = {
+    "where each region starts": [0, 2048, 4096, 6144],
+    "requests placed": 4,
+    "request refused": ["r4"],
+    "slots reserved": 8192,
+    "tokens stored": 2350,
+    "share of the pool holding KV": "28.7%",
+}
+"""Part one's figures as the lesson's program printed them."""
+
+LESSON_PART_TWO = {
+    "free slots after q1 and q3 finish": 1892,
+    "free gaps, lowest first": [600, 400, 892],
+    "900-slot request": "rejected",
+}
+"""Part two's figures as the lesson's program printed them."""
 
 
 @dataclass(frozen=True)
@@ -109,6 +128,34 @@ def example_1() -> Example1:
         reserve_max([300, 1200, 150, 700, 500], pool_size=8192, max_len=2048),
         exact_fit([1500, 600, 1800, 400, 2000, 1000], finished=[1, 3], new_request=900, pool_size=8192),
     )
+
+
+def part_one_rows(result: ReserveMaxResult) -> list[tuple[str, object, object]]:
+    """Part one's figures, kvlab's beside the lesson's: (what, kvlab value, lesson value) rows."""
+    if not isinstance(result, ReserveMaxResult):
+        raise InvalidArgumentError(f"expected the result of reserve_max, got {type(result).__name__}")
+    regions = result.history[-1].state.regions
+    ours = {
+        "where each region starts": [r.start for r in regions],
+        "requests placed": len(result.placed),
+        "request refused": list(result.rejected),
+        "slots reserved": result.reserved,
+        "tokens stored": result.stored,
+        "share of the pool holding KV": f"{result.stored_percent:.1f}%",
+    }
+    return [(what, ours[what], lesson) for what, lesson in LESSON_PART_ONE.items()]
+
+
+def part_two_rows(result: ExactFitResult) -> list[tuple[str, object, object]]:
+    """Part two's figures, kvlab's beside the lesson's: (what, kvlab value, lesson value) rows."""
+    if not isinstance(result, ExactFitResult):
+        raise InvalidArgumentError(f"expected the result of exact_fit, got {type(result).__name__}")
+    ours = {
+        "free slots after q1 and q3 finish": result.free,
+        "free gaps, lowest first": list(result.gaps),
+        "900-slot request": "placed" if result.new_request_placed else "rejected",
+    }
+    return [(what, ours[what], lesson) for what, lesson in LESSON_PART_TWO.items()]
 
 
 def _check_lengths(name: str, values: Sequence[int]) -> list[int]:

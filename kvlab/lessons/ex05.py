@@ -2,7 +2,9 @@
 
 Request 1 (70 + 20 tokens) takes blocks 0-5; request 2 (70 + 33) reuses blocks
 0-3 (64 tokens) and computes 39: 9 blocks in use instead of 13 (the lesson's
-figures; ``tests/test_paged.py`` pins them).
+figures; ``tests/test_paged.py`` pins them). ``example_5_rows`` lines kvlab's figures up with the
+lesson's (``LESSON_FIGURES``), for ``compare_table``; ``in_prefix_cache`` admits the same two
+prompts into kvlab's vLLM-style ``PrefixCache`` (checked against vLLM 0.33.0).
 """
 
 from __future__ import annotations
@@ -11,10 +13,31 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvlab.core.snapshots import BlockPoolState, History
-from kvlab.errors import MAX_TOKEN_ID, InvalidArgumentError, cdiv, check_int, check_size, check_tokens
+from kvlab.errors import (
+    MAX_TOKEN_ID,
+    InvalidArgumentError,
+    cdiv,
+    check_int,
+    check_items,
+    check_size,
+    check_tokens,
+)
 from kvlab.models.paged import AllocationResult, BlockPool
+from kvlab.models.prefix_cache import PrefixCache
 
 SYSTEM_PROMPT_START = 1000  # the system prompt's token ids are 1000, 1001, ...
+
+LESSON_FIGURES = {
+    "request 1 (90 tokens): block table": [0, 1, 2, 3, 4, 5],
+    "request 1: tokens reused, computed": [0, 90],
+    "request 2 (103 tokens): block table": [0, 1, 2, 3, 6, 7, 8],
+    "request 2: tokens reused, computed": [64, 39],
+    "blocks with ref count 2": [0, 1, 2, 3],
+    "blocks with ref count 1": [4, 5, 6, 7, 8],
+    "blocks in use": 9,
+    "blocks without sharing": 13,
+}
+"""The figures the lesson's program printed, by the name of their row."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +83,57 @@ def shared_prefix(prompts: Sequence[Sequence[int]], *, block_size: int = 16) -> 
 
 def example_5() -> Example5:
     """Lesson example 5: a 70-token system prompt, then 20- and 33-token questions."""
-    return shared_prefix(
-        [system_prompt_request(70, 20, 5000), system_prompt_request(70, 33, 6000)], block_size=16
-    )
+    return shared_prefix(lesson_prompts(), block_size=16)
+
+
+def lesson_prompts() -> list[list[int]]:
+    """The lesson's two prompts: the 70-token system prompt, then questions of 20 and 33 tokens."""
+    return [system_prompt_request(70, 20, 5000), system_prompt_request(70, 33, 6000)]
+
+
+def example_5_rows(lesson: Example5) -> list[tuple[str, object, object]]:
+    """Both requests' tables, reuse and the pool's counts, kvlab's beside the lesson's."""
+    if not isinstance(lesson, Example5) or len(lesson.requests) != 2:
+        raise InvalidArgumentError(f"expected the result of example_5(), got {type(lesson).__name__}")
+    first, second = lesson.requests
+    counts = lesson.ref_counts
+    ours = {
+        "request 1 (90 tokens): block table": list(first.block_table),
+        "request 1: tokens reused, computed": [first.num_cached_tokens, first.num_computed_tokens],
+        "request 2 (103 tokens): block table": list(second.block_table),
+        "request 2: tokens reused, computed": [second.num_cached_tokens, second.num_computed_tokens],
+        "blocks with ref count 2": sorted(b for b, n in counts.items() if n == 2),
+        "blocks with ref count 1": sorted(b for b, n in counts.items() if n == 1),
+        "blocks in use": lesson.blocks_in_use,
+        "blocks without sharing": lesson.blocks_without_sharing,
+    }
+    return [(what, ours[what], figure) for what, figure in LESSON_FIGURES.items()]
+
+
+def in_prefix_cache(*, block_size: int = 16) -> tuple[AllocationResult, ...]:
+    """The lesson's two prompts admitted in order into kvlab's vLLM-style ``PrefixCache``."""
+    block_size = check_size("block_size", block_size, "block_size", minimum=1)
+    prompts = lesson_prompts()
+    cache = PrefixCache(sum(cdiv(len(p), block_size) for p in prompts), block_size)
+    return tuple(cache.allocate(f"request {i + 1}", p) for i, p in enumerate(prompts))
+
+
+def prefix_cache_rows(results: Sequence[AllocationResult]) -> list[tuple[str, object, object]]:
+    """Request 2's reuse and table in the prefix cache, beside the lesson's figures."""
+    shape = "the two AllocationResults of in_prefix_cache()"
+    items = check_items("results", results, what=shape)
+    if len(items) != 2 or not all(isinstance(r, AllocationResult) for r in items):
+        raise InvalidArgumentError(f"results must be {shape}, got {len(items)} items")
+    second = items[1]
+    return [
+        (
+            "request 2: tokens reused, computed",
+            [second.num_cached_tokens, second.num_computed_tokens],
+            LESSON_FIGURES["request 2: tokens reused, computed"],
+        ),
+        (
+            "request 2: block table",
+            list(second.block_table),
+            LESSON_FIGURES["request 2 (103 tokens): block table"],
+        ),
+    ]
