@@ -6,12 +6,20 @@ figures: the view's spec for the new snapshot is compared with the one on
 screen, and only the trace and layout properties that changed are sent, in one
 ``batch_update`` per figure. The slider takes the arrow keys once it has focus.
 
-Widgets need a kernel; for exported HTML use ``kvlab.views.animations``.
+Widgets need a kernel. So that a page without one (exported HTML, the static
+site, a notebook reopened later) is not an empty box, each widget's display
+bundle also carries a still copy as ``text/html``: the stepper's views as plotly
+animations (or, for a long history, its last step), the playground's final
+state, each under a line saying that the live widget needs a running kernel.
+JupyterLab with a kernel prefers the widget; nbconvert falls back to the HTML
+whenever no widget state is saved.
 """
 
 from __future__ import annotations
 
+import hashlib
 import html
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -19,11 +27,12 @@ import ipywidgets as widgets
 import numpy as np
 import plotly.graph_objects as go
 from plotly.basedatatypes import Undefined
+from plotly.io.json import to_json_plotly
 
 from kvlab.errors import InvalidArgumentError, brief, check_choice, check_int, check_items
 from kvlab.views import registry
 from kvlab.views._common import Spec, check_ms, steps_of, title_lines
-from kvlab.views.animations import step_caption
+from kvlab.views.animations import animate, step_caption
 
 ViewFn = Callable[[Any, Any], Any]
 
@@ -123,17 +132,72 @@ class LiveFigure:
         self.updates = sum(len(d) for d in per_trace) + len(relayout)
 
 
+# ---------------------------------------------------------------------- the still copy for pages without a kernel
+
+#: The still copy of one widget stays under this many bytes of figure JSON; a longer history shows its last step.
+STILL_BYTES = 400_000
+KERNEL_NOTE = (
+    "A still copy of an interactive widget: its controls need a running kernel. "
+    "Open the notebook in JupyterLab (or on Binder) and run the cell to use it."
+)
+_still_ids = itertools.count()
+
+
+def still_html(figures: Sequence[Spec | go.Figure], note: str, extra: str = "") -> str:
+    """An HTML block that draws ``figures`` with the page's plotly.js, under ``note``; ``extra`` is trusted HTML.
+
+    The figures are drawn once the page has loaded when plotly.js comes later in the page (nbconvert
+    writes it into the first figure's output); a page with no plotly.js at all still shows the note.
+    """
+    parts = [f'<div class="kvlab-still">\n<p class="kvlab-kernel-note" style="margin:0.3em 0;color:#555;'
+             f'font-style:italic">{html.escape(note)}</p>']  # fmt: skip
+    for figure in figures:
+        # through go.Figure, which writes the template out: plotly.js knows no template by name
+        spec = (figure if isinstance(figure, go.Figure) else go.Figure(figure)).to_plotly_json()
+        text = to_json_plotly(spec).replace("</", "<\\/")  # no "</script>" inside the script
+        div_id = f"kvlab-still-{next(_still_ids)}-{hashlib.sha1(text.encode()).hexdigest()[:8]}"
+        height = int(spec.get("layout", {}).get("height") or 450)
+        parts.append(
+            f'<div id="{div_id}" class="plotly-graph-div" style="height:{height}px;width:100%"></div>\n'
+            f'<script type="text/javascript">(function () {{\n  var id = "{div_id}", fig = {text};\n'
+            "  function draw() { if (!window.Plotly) return false;\n"
+            "    Plotly.newPlot(id, fig.data, fig.layout, {responsive: true}).then(function () {\n"
+            "      if (fig.frames) return Plotly.addFrames(id, fig.frames); });\n    return true; }\n"
+            "  if (!draw()) window.addEventListener('load', function () { if (!draw())\n"
+            "    document.getElementById(id).textContent = '(this page has no plotly.js, so the figure is not drawn)'; });\n"
+            "})();</script>"
+        )  # fmt: skip
+    if extra:
+        parts.append(extra)
+    parts.append("</div>")
+    return "\n".join(parts)
+
+
+class StillCopy:
+    """Mixin for a widget: its display bundle adds ``still_html()`` as ``text/html`` beside the live view."""
+
+    def still_html(self) -> str:
+        raise NotImplementedError
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        bundle = super()._repr_mimebundle_(**kwargs)  # type: ignore[misc]
+        if isinstance(bundle, tuple):  # (data, metadata)
+            bundle = bundle[0]
+        return {**bundle, "text/html": self.still_html()}
+
+
 # ---------------------------------------------------------------------- stepper
 
 
-class Stepper(widgets.VBox):
+class Stepper(StillCopy, widgets.VBox):
     """Step through a recorded history: slider, back / forward / play, caption, linked figures.
 
     ``views`` is one view name or a list of them (``contiguous``,
     ``block_pool``, ``free_queue``, ``radix``), or callables
     ``view(state, previous) -> go.Figure``; by default the views that suit the
     history's snapshots. ``highlight=(request_id, position)`` is passed to the
-    block-pool view.
+    block-pool view. Without a kernel the stepper shows ``still_html()``: each
+    view as a plotly animation over the same steps.
     """
 
     def __init__(
@@ -242,6 +306,30 @@ class Stepper(widgets.VBox):
             else:
                 self._cache[key] = _as_spec(fn(state, previous))
         return self._cache[key]
+
+    # -- without a kernel
+
+    def still_figures(self, budget: int = STILL_BYTES) -> tuple[list[go.Figure], str]:
+        """What a page without a kernel shows: one plotly animation per view over every step, or, when
+        that would pass ``budget`` bytes of JSON, each view at the last step; and a line saying which."""
+        budget = check_int("budget", budget, minimum=1)
+        count = len(self.states)
+        last = [self.spec(v, count - 1) for v in range(len(self._views))]
+        if count == 1:
+            return [go.Figure(spec) for spec in last], "The history has a single step."
+        if count * len(to_json_plotly(last)) > budget:
+            return [go.Figure(spec) for spec in last], (
+                f"This copy shows the last of its {count} steps; run the notebook to step through all of them."
+            )
+        animations = [
+            animate([self.spec(v, i) for i in range(count)], self.captions) for v in range(len(last))
+        ]
+        return animations, "Here each figure steps on its own: press play or drag its slider."
+
+    def still_html(self) -> str:
+        """The stepper as a page without a kernel shows it (the ``text/html`` of its display bundle)."""
+        figures, which = self.still_figures()
+        return still_html(figures, f"{KERNEL_NOTE} {which}")
 
     # -- stepping
 

@@ -3,7 +3,9 @@
 ``Playground`` lets a student allocate, append, fork and free, watch the pool,
 the block tables and the free queue change, and export what they did as a
 replay scenario. Bad input shows as a message in the widget; nothing is raised
-into the notebook.
+into the notebook. A page without a kernel shows its state as it was when the
+cell ran (the pool, the free queue and the operations), under a line saying the
+controls need a running kernel.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from kvlab.errors import (
 from kvlab.views._common import Spec, check_drawn_blocks
 from kvlab.views.block_pool import block_pool_spec
 from kvlab.views.free_queue import free_queue_spec
-from kvlab.views.live import LiveFigure, Stepper
+from kvlab.views.live import KERNEL_NOTE, LiveFigure, Stepper, StillCopy, still_html
 from kvlab.views.text import caption
 
 # ---------------------------------------------------------------------- playground
@@ -40,7 +42,7 @@ UNIQUE_START = 100_000  # every other token is fresh: 100000, 100001, ...
 MODELS = ("prefix-cache", "block-pool")  # the scenario models whose state is a BlockPoolState
 
 
-class Playground(widgets.VBox):
+class Playground(StillCopy, widgets.VBox):
     """Drive a block pool or a prefix cache by hand and watch the pool, the tables and the free queue.
 
     ``model="prefix-cache"`` is ``kvlab.models.prefix_cache.PrefixCache`` (vLLM's
@@ -252,6 +254,12 @@ class Playground(widgets.VBox):
             else:
                 out.append(next(captions, op["op"]))
         return out
+
+    def still_html(self) -> str:
+        """The playground as a page without a kernel shows it: its pool, queue and operations so far."""
+        done = f"{len(self.ops)} operation{'s' if len(self.ops) != 1 else ''}"
+        note = f"{KERNEL_NOTE} This copy shows the playground after its {done}."
+        return still_html([self.pool_figure.spec, self.queue_figure.spec], note, extra=self.log_view.value)
 
     # -- widgets
 

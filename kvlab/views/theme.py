@@ -136,19 +136,21 @@ def _make_template() -> go.layout.Template:
 
 pio.templates[TEMPLATE_NAME] = _make_template()
 
-#: Renderers that show a figure in JupyterLab and VS Code (the plotly mimetype) and in exported
-#: HTML (the ``notebook`` renderer writes plotly.js into the notebook once, so no network is needed).
-DEFAULT_RENDERER = "plotly_mimetype+notebook"
+#: Renderers that show a figure in JupyterLab and VS Code, offline (the plotly mimetype), and in exported
+#: HTML (``notebook_connected``: the page loads plotly.js by reference instead of carrying its 4.8 MB in
+#: every saved notebook; tools/build_site.py serves one shared copy, so the course's site stays offline).
+DEFAULT_RENDERER = "plotly_mimetype+notebook_connected"
 
 
 def setup(renderer: str | None = None) -> str:
-    """Make figures show in JupyterLab, VS Code and exported HTML, offline; return the renderer used.
+    """Make figures show in JupyterLab and VS Code (offline) and in exported HTML; return the renderer used.
 
     ``renderer`` overrides the choice (any name ``plotly.io.renderers`` knows,
     or several joined with ``+``). Without it the ``PLOTLY_RENDERER``
-    environment variable wins when set, and ``plotly_mimetype+notebook``
+    environment variable wins when set, and ``plotly_mimetype+notebook_connected``
     otherwise: the mimetype draws the figure in JupyterLab and VS Code, and the
-    inlined HTML copy is what nbconvert, nbviewer and static sites show.
+    HTML copy (plotly.js by reference, so a saved notebook stays small) is what
+    nbconvert, nbviewer and the course's static site show.
     """
     if renderer is None:
         renderer = os.environ.get("PLOTLY_RENDERER") or DEFAULT_RENDERER

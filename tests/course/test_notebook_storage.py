@@ -143,8 +143,8 @@ class TestNotebook:
         for ex_id, cell in _exercise_cells(_read(path)):
             assert cell.cell_type == "code"
             assert "..." in cell.source, f"{ex_id}: the shipped cell keeps a ... for the student to replace"
-            assert re.search(rf"""check\(["']{re.escape(ex_id)}["']""", cell.source.splitlines()[-1]), (
-                f"{ex_id}: the cell's last line calls check('{ex_id}', ...)"
+            assert re.search(rf"""(check|predict)\(["']{re.escape(ex_id)}["']""", cell.source.splitlines()[-1]), (
+                f"{ex_id}: the cell's last line calls check('{ex_id}', ...) (or predict, for a prediction)"
             )
 
     def test_solutions_pair_with_the_exercise_cells(self, path):
@@ -157,7 +157,7 @@ class TestNotebook:
         assert set(solutions) == marked
         for ex_id, source in solutions.items():
             last = source.rstrip().splitlines()[-1]
-            assert re.fullmatch(rf"""check\(["']{re.escape(ex_id)}["'], .+\)""", last), (
+            assert re.fullmatch(rf"""(check|predict)\(["']{re.escape(ex_id)}["'], .+\)""", last), (
                 f"solution {ex_id} must end by calling check('{ex_id}', ...)"
             )
 
@@ -168,3 +168,45 @@ def test_start_page_links_every_notebook():
     for nb in COURSE[1:]:
         assert f"]({nb.filename})" in text, f"the course map lacks a link to {nb.filename}"
         assert f"{nb.minutes} min" in text
+
+
+# ---------------------------------------------------------------------- executed notebooks stay light
+
+EXECUTED_LIMIT = 2_000_000  # bytes an executed notebook may take (issue 16)
+
+
+@pytest.fixture(scope="module")
+def executed_07(tmp_path_factory):
+    """Notebook 07 (a Stepper and a Playground) run by tools/run_notebooks.py and saved: (record, notebook)."""
+    folder = tmp_path_factory.mktemp("executed")
+    record = _tool("run_notebooks").run_notebook(NOTEBOOKS / "07_lru_eviction.ipynb", save_to=folder)
+    assert record["error"] is None, record["error"]
+    return record, _read(folder / "07_lru_eviction.ipynb")
+
+
+def test_an_executed_notebook_with_widgets_stays_under_two_megabytes(executed_07):
+    record, nb = executed_07
+    assert "widgets" not in nb.metadata, "widget state is megabytes per plotly widget; it is never saved"
+    heaviest = max(
+        ((len(str(v)), i, mime) for i, c in enumerate(nb.cells) if c.cell_type == "code"
+         for o in c.outputs for mime, v in o.get("data", {}).items()),
+        default=(0, None, None),
+    )  # fmt: skip
+    assert record["bytes"] <= EXECUTED_LIMIT, (
+        f"07 executed is {record['bytes'] / 1e6:.1f} MB; its heaviest output is cell {heaviest[1]}'s "
+        f"{heaviest[2]}, {heaviest[0] / 1e6:.1f} MB (plotly's 'notebook' renderer inlines plotly.js, 4.8 MB)"
+    )
+
+
+def test_its_exported_html_shows_each_widget_as_a_still_copy(executed_07):
+    from nbconvert import HTMLExporter
+
+    from kvlab.views.live import KERNEL_NOTE
+
+    _, nb = executed_07
+    widgets = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
+               if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]  # fmt: skip
+    assert len(widgets) == 2, "07 shows a Stepper and a Playground"
+    body, _ = HTMLExporter(template_name="lab").from_notebook_node(nb)
+    assert body.count(KERNEL_NOTE) == 2
+    assert 'type="application/vnd.jupyter.widget-view+json"' not in body  # no empty widget box

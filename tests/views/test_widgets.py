@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from kvlab.lessons import ex01, ex02, ex04, ex07, ex08
 from kvlab.views import Playground, Stepper, stepper
 from kvlab.views._common import STATUS_CODE
 from kvlab.views.block_pool import grid_shape
+from kvlab.views.live import KERNEL_NOTE
 from kvlab.views.text import caption
 
 
@@ -304,3 +306,60 @@ def test_playground_rejects_bad_construction() -> None:
     ):
         with pytest.raises(InvalidArgumentError):
             Playground(**kwargs)
+
+
+# ---------------------------------------------------------------------- the still copy for pages without a kernel
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def _figure_json(page: str) -> list[dict]:
+    """The figures a still copy draws, read back from its scripts."""
+    return [json.loads(m.replace("<\\/", "</")) for m in re.findall(r"fig = (\{.*?\});\n", page, flags=re.S)]
+
+
+def test_a_stepper_shows_its_steps_as_animations_without_a_kernel(example_7) -> None:
+    st = Stepper(example_7)
+    bundle = st._repr_mimebundle_()
+    assert WIDGET_VIEW in bundle  # JupyterLab with a kernel draws the live widget
+    page = bundle["text/html"]
+    assert KERNEL_NOTE in page and page.count('class="plotly-graph-div"') == 2
+    figures = _figure_json(page)
+    assert [len(f["frames"]) for f in figures] == [len(example_7)] * 2
+    last = figures[1]["frames"][-1]["data"]
+    assert same(last, st.spec(1, len(example_7) - 1)["data"])  # each frame is the stepper's own step
+    assert figures[0]["layout"]["sliders"][0]["steps"][-1]["label"] == str(len(example_7) - 1)
+
+
+def test_a_long_history_shows_its_last_step_and_a_bad_budget_is_refused(example_7) -> None:
+    st = Stepper(example_7, "free_queue")
+    figures, which = st.still_figures(budget=1)
+    assert len(figures) == 1 and not figures[0].frames and "last of its 8 steps" in which
+    assert figures[0].layout.title.text == st.spec(0, -1)["layout"]["title"]["text"]
+    for budget in (0, "big", 2.5):
+        with pytest.raises(InvalidArgumentError):
+            st.still_figures(budget=budget)
+
+
+def test_a_still_copy_cannot_close_its_script() -> None:
+    evil = "</script><script>alert(1)</script>"
+    st = Stepper([1, 2], [lambda state, previous: {"data": [{"type": "bar", "y": [state]}],
+                                                   "layout": {"title": {"text": evil}}}])  # fmt: skip
+    page = st.still_html()
+    assert evil not in page and page.count("</script>") == 1
+    assert _figure_json(page)[0]["layout"]["title"]["text"] == evil
+
+
+def test_a_playground_shows_its_state_and_operations_without_a_kernel() -> None:
+    pg = Playground.from_scenario(ex07.example_7_scenario(block_size=4))
+    bundle = pg._repr_mimebundle_()
+    assert WIDGET_VIEW in bundle
+    page = bundle["text/html"]
+    assert KERNEL_NOTE in page and "after its 7 operations" in page
+    pool, queue = _figure_json(page)
+    for drawn, spec in ((pool, pg._pool_spec()), (queue, pg._queue_spec())):
+        assert same(drawn["data"], spec["data"]) and drawn["layout"]["title"] == spec["layout"]["title"]
+        assert isinstance(drawn["layout"]["template"], dict)  # written out: plotly.js knows no name
+    assert "7. free C" in page
+    pg.allocate("E", 4)
+    assert "after its 8 operations" in pg.still_html() and "8. allocate E" in pg.still_html()
