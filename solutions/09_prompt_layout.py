@@ -9,7 +9,8 @@ answer = ["system prompt", "tools", "history", "new message", "timestamp"]
 check("09.1", answer)
 """,
     "09.2": """\
-# Sorting after the shuffle sends the same order every turn: the server sees the stable layout.
+# Why: sorted Z to A, the tools come in the same order every turn; the cache only compares a
+# prompt with earlier prompts, so the counts are the stable layout's, whatever fixed order it is.
 answer = 85.4
 check("09.2", answer)
 """,

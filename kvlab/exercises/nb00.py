@@ -16,6 +16,8 @@ from kvlab.lessons.ex01 import reserve_max
     difficulty="intro",
     hints=[
         "Each request reserves 2,048 slots, whatever it really needs. How many times does 2,048 go into 8,192?",
+        "Divide the pool by one reservation, 8,192 / 2,048, and write the result as a plain whole number "
+        "(no quotes), e.g. answer = 3.",
     ],
 )
 def reservations_that_fit(answer: int) -> str:

@@ -56,7 +56,27 @@ def changed_blocks(answer: list[Any]) -> str:
         raise NotYet(
             "Block 0 is hashed before the edit: its tokens and its parent (the fixed seed) are unchanged."
         )
-    raise NotYet(f"{sorted(answer)} are not the blocks whose hashes differ after the edit.")
+    missing = [i for i in expected if i not in answer]
+    extra = sorted({i for i in answer if i not in expected})
+    if extra:
+        raise NotYet(
+            f"{_blocks(extra, 'is not a full block', 'are not full blocks')} of the sequence: it has "
+            f"{len(base)} full blocks, numbered from 0."
+        )
+    if not missing:
+        raise NotYet("Name each block once: the list has a block index twice.")
+    raise NotYet(
+        f"{_blocks(missing, 'is missing', 'are missing')}: token {EDITED_POSITION} is in block "
+        f"{EDITED_POSITION // 4}, and every block from that one on gets a different hash."
+    )
+
+
+def _blocks(indices: list[int], one: str, several: str) -> str:
+    """Block indices in a sentence: "Block 2 is ...", "Blocks 1 and 2 are ..."."""
+    if len(indices) == 1:
+        return f"Block {indices[0]} {one}"
+    words = [str(i) for i in indices]
+    return f"Blocks {', '.join(words[:-1])} and {words[-1]} {several}"
 
 
 def _chain_cases(rng: random.Random | None) -> list[tuple[list[int], int]]:

@@ -172,10 +172,10 @@ def front_rule(answer: list[Any]) -> str:
     difficulty="stretch",
     prerequisites=["07.2", "07.3"],
     hints=[
+        "Freed blocks join one of two ends: those in `hashed` go to the back of the queue, the others (a "
+        "partial last block) to the front, in front of every block already there.",
         "Walk the block table from its last block to its first. Subtract 1 from each block's count; the blocks "
-        "that reach 0 become free, in that order.",
-        "Of the blocks that became free, those in `hashed` go to the back of the queue, in the order they were "
-        "freed; the others go to the front, in front of every block already there.",
+        "that reach 0 become free, in that order, and join their end of the queue in that order.",
         "A block that another request still holds (its count was above 1) does not join the queue at all.",
     ],
 )
@@ -193,16 +193,36 @@ def release(
         )
         if got == expected:
             continue
-        shown = f"release({queue}, {table}, {ref_counts}, {sorted(hashed)})"
+        shown = f"release({queue}, {table}, {ref_counts}, {_as_set(hashed)})"
         shared = [b for b in table if ref_counts[b] > 1]
         if any(b in got for b in shared):
-            raise NotYet(f"{shown} returned {got}: block(s) {shared} are still held by another request.")
+            one = len(shared) == 1
+            held = f"block {shared[0]} is" if one else f"blocks {', '.join(map(str, shared))} are"
+            stays = "it stays" if one else "they stay"
+            raise NotYet(
+                f"{shown} returned {got}: {held} still held by another request, so {stays} out of the queue."
+            )
+        unhashed = [b for b in expected if b in table and b not in hashed]
+        if sorted(got) == sorted(expected) and unhashed and got[: len(unhashed)] != unhashed:
+            one = len(unhashed) == 1
+            named = f"Block {unhashed[0]} carries" if one else f"Blocks {', '.join(map(str, unhashed))} carry"
+            goes = "it goes" if one else "they go"
+            raise NotYet(
+                f"{shown} returned {got}: the right blocks, in another order than vLLM's {expected}. {named} "
+                f"no hash, so {goes} to the front of the queue, not the back."
+            )
         if sorted(got) == sorted(expected):
             raise NotYet(
-                f"{shown} returned {got}: the right blocks, in another order than vLLM's {expected}."
+                f"{shown} returned {got}: the right blocks, in another order than vLLM's {expected}. Freed "
+                "blocks join last block first."
             )
         raise NotYet(f"{shown} returned {got}; kvlab's PrefixCache leaves the queue as {expected}.")
     return f"It agrees with kvlab's PrefixCache on all {len(cases)} releases, shared and partial blocks included."
+
+
+def _as_set(blocks: set[int]) -> str:
+    """A set of block ids written as Python writes it, in order: {0, 1, 2}, or set()."""
+    return "{" + ", ".join(map(str, sorted(blocks))) + "}" if blocks else "set()"
 
 
 def _release_cases(

@@ -61,12 +61,21 @@ def matched_lengths(answer: list[Any]) -> str:
     parts = []
     if low:
         parts.append(
-            f"request(s) {low}: more tokens match than that; a match can stop in the middle of a run, "
+            f"{_requests(low)}: more tokens match than that; a match can stop in the middle of a run, "
             "and the tokens before the stop count"
         )
     if high:
-        parts.append(f"request(s) {high}: fewer tokens match; the first token that differs ends the match")
-    raise NotYet("; ".join(parts) + ".")
+        parts.append(f"{_requests(high)}: fewer tokens match; the first token that differs ends the match")
+    text = "; ".join(parts) + "."
+    raise NotYet(text[0].upper() + text[1:])
+
+
+def _requests(numbers: list[int]) -> str:
+    """The notebook's numbering of 08.1's requests in words: "request 3", "requests 1 and 4"."""
+    if len(numbers) == 1:
+        return f"request {numbers[0]}"
+    words = [str(n) for n in numbers]
+    return f"requests {', '.join(words[:-1])} and {words[-1]}"
 
 
 @exercise(

@@ -81,14 +81,15 @@ def place_timestamp(answer: list[Any]) -> str:
 
 
 def _sorted_tools() -> Segment:
-    """The tools in a new random order each turn, sorted by their first token (their "name") before sending."""
+    """The tools in a new random order each turn, sorted by their first token (their "name") from Z to A
+    before sending: a fixed order, but not the stable layout's, so the answer is not read off its table row."""
     shuffled = tool_definitions(shuffled=True)
 
     def build(session: AgentSession, turn: int) -> list[int]:
         tokens = list(shuffled.build(session, turn))
         size = session.tool_tokens
         tools = [tokens[i : i + size] for i in range(0, len(tokens), size)]
-        return [tok for tool in sorted(tools) for tok in tool]
+        return [tok for tool in sorted(tools, reverse=True) for tok in tool]
 
     return Segment("tools", build)
 
@@ -104,7 +105,8 @@ def _sorted_tools() -> Segment:
     prerequisites=["09.1"],
     hints=[
         "Compare the tokens the server receives on two turns once the list is sorted. Do they differ?",
-        "Sorting after shuffling gives the same order every turn. Which of the lesson's three layouts sends that?",
+        "Sorting after shuffling gives the same order every turn, Z to A or not. Does the cache compare a prompt "
+        "with the stable layout's order, or with this session's earlier prompts?",
     ],
 )
 def sorted_tools_rate(answer: float) -> str:
@@ -117,14 +119,24 @@ def sorted_tools_rate(answer: float) -> str:
         raise NotYet(f"{answer} looks like a fraction; give a percentage (a number from 0 to 100).")
     if abs(answer - expected) < 0.05:
         return (
-            f"{expected:.1f}%, the same as the stable layout: the server only sees the order it receives, and "
-            "sorting makes it the same every turn. Any fixed order works; a fresh random one does not."
+            f"{expected:.1f}%, the same as the stable layout although the order is reversed: the cache only "
+            "compares a prompt with earlier prompts, and sorting makes the order the same every turn. Any "
+            "fixed order works; a fresh random one does not."
         )
     if abs(answer - shuffled) < 0.05:
         raise NotYet(
             "That is the hit rate of the shuffled list. What does the server receive once the list is sorted?"
         )
-    raise NotYet(f"{answer}% is not what the sorted layout reaches.")
+    stable = 100 * run_layout(LESSON_LAYOUTS["stable prefix"]()).hit_rate
+    if answer < stable:
+        raise NotYet(
+            f"{answer}% is lower than the sorted layout reaches. Which tokens would differ between two turns "
+            "once the list is sorted, even in an order other than the stable layout's?"
+        )
+    raise NotYet(
+        f"{answer}% is higher than the sorted layout reaches: whatever the order, the first turn and each "
+        "turn's new tail are computed."
+    )
 
 
 @exercise(

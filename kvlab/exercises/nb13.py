@@ -154,8 +154,9 @@ def _arguments(turn: int, first: int = FIRST_RESULT_ID) -> tuple[_Shown, _Shown]
         "Change the front rarely instead.",
         "Let the history grow append-only; when it gets long, replace many old results at once with a fixed summary "
         "(e.g. list(range(900_000, 900_300))) and keep the newest three after it. Then append again.",
-        "For example: cut = 7 * ((len(results) - 3) // 7) when there are more than 3 results, else 0; "
-        "prompt = prefix + (a summary if cut else nothing) + every result from results[cut] on.",
+        "Count the cost of your rule before you run it: a turn that compacts processes the summary and every "
+        "result kept after it, any other turn only its new result (400). How often may it compact, and how "
+        "many results may it keep, for the total to stay under 15,000 and every prompt under 6,000?",
     ],
 )
 def trimming_policy(answer: Any, cases: list[tuple[int, int]]) -> str:

@@ -137,15 +137,22 @@ def tree_nodes(state: RadixState) -> list[PrintedNode]:
 
 
 def node_rows(state: RadixState, printed_tree: str, when: str = "") -> list[tuple[str, str, str | None]]:
-    """``compare_table`` rows "node 1{when}", ...: kvlab's nodes beside the lesson's printed ones, access
-    times aside. A node only kvlab has gets None (shown "—") on the lesson's side; one only the lesson
-    has shows "(none)" on kvlab's, so either way the row differs."""
+    """``compare_table`` rows "node 2{when}", ...: kvlab's nodes beside the lesson's printed ones, in print
+    order, access times aside. A row is named by kvlab's node id, the number the captions ("lock node
+    #3") and the figures use; a line only the lesson prints is named "lesson line N" and shows "(none)"
+    on kvlab's side, and a node only kvlab has gets None (shown "—") on the lesson's, so either way the
+    row differs."""
     when = check_text("when", when)
+    if not isinstance(state, RadixState):
+        raise InvalidArgumentError(
+            f"node_rows takes a RadixState (RadixTree.snapshot()), got {type(state).__name__}"
+        )
+    ids = [node.node_id for depth, node in state.root.walk() if depth > 0]
     ours = [n.shape() for n in tree_nodes(state)]
     theirs = [n.shape() for n in printed_nodes(printed_tree)]
     return [
         (
-            f"node {i + 1}{when}",
+            f"node {ids[i]}{when}" if i < len(ids) else f"lesson line {i + 1}{when}",
             ours[i] if i < len(ours) else "(none)",
             theirs[i] if i < len(theirs) else None,
         )

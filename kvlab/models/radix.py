@@ -52,6 +52,8 @@ eviction policy) and why it matters:
   node.
 * **extra_key**: runs with different extra keys never share a node, even when
   their tokens are equal (SGLang's ``match_prefix`` docstring: LoRA ids, salts).
+  None is a namespace of its own, not a wildcard: a lookup without an extra key
+  never sees runs cached under one.
 
 Where the lesson's Java program simplifies: its clock ticks once per operation
 (its ``t=`` values are 1, 2, 3...), it evicts exactly one leaf, and its split

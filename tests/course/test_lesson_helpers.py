@@ -79,6 +79,26 @@ def test_the_lessons_printed_trees_match_kvlabs_node_for_node_access_times_aside
     )
 
 
+def test_node_rows_name_nodes_by_the_id_the_captions_and_figures_use():
+    from kvlab.views.text import caption
+
+    lesson = example_8()
+    rows = {
+        ours.split(": ", 1)[1]: name
+        for name, ours, _ in node_rows(lesson.tree_after_inserts, LESSON_TREE_AFTER_INSERTS)
+    }
+    assert rows == {
+        "[1, 2, 3, 4, 5, 6]": "node 2",
+        "[10, 11]": "node 1",
+        "[30, 31]": "node 4",
+        "[20, 21, 22]": "node 3",
+    }
+    lock = next(caption(s) for s in lesson.history.steps if caption(s).startswith("lock"))
+    assert lock.startswith("lock node #3 ")  # the node that holds [20, 21, 22]
+    with pytest.raises(InvalidArgumentError):
+        node_rows(LESSON_TREE_AFTER_INSERTS, LESSON_TREE_AFTER_INSERTS)
+
+
 def test_node_rows_show_a_node_one_side_lacks_and_the_table_marks_it(capsys):
     tree = RadixTree()
     tree.insert([1, 2, 3, 4, 5, 6, 10, 11])
@@ -89,6 +109,7 @@ def test_node_rows_show_a_node_one_side_lacks_and_the_table_marks_it(capsys):
         "depth 1: [1, 2, 3, 4, 5, 6]",
     )
     assert [r[1] for r in rows[1:]] == ["(none)"] * 3
+    assert [r[0] for r in rows[1:]] == [f"lesson line {i} after one insert" for i in (2, 3, 4)]
     compare_table(rows, "one insert")
     assert capsys.readouterr().out.count("✗ differs") == 4
 

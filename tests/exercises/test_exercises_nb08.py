@@ -12,7 +12,7 @@ def test_notebook_08_has_four_exercises():
 def test_matched_lengths():
     assert ex.check("08.1", [10, 3, 8, 0]).right
     message = ex.check("08.1", [10, 0, 6, 0]).message  # whole runs only
-    assert "request(s) [2, 3]" in message and "middle of a run" in message
+    assert "Requests 2 and 3" in message and "middle of a run" in message
     assert "first token that differs" in ex.check("08.1", [11, 3, 8, 0]).message
     assert "4 whole numbers" in ex.check("08.1", [10, 3, 8]).message
 
