@@ -20,6 +20,7 @@ a lesson module, because every entry point of this view takes runs and calls it.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -29,12 +30,22 @@ from kvlab.core.snapshots import AgentTurnsState, Event, History
 from kvlab.errors import InvalidArgumentError, check_int
 from kvlab.server.agents import AgentRun
 from kvlab.views import theme
-from kvlab.views._common import Spec, base_layout, check_axis_max, check_title, steps_of, title_text
+from kvlab.views._common import (
+    LABEL_WIDTH,
+    Spec,
+    base_layout,
+    check_axis_max,
+    check_title,
+    steps_of,
+    text_px,
+    title_text,
+)
 from kvlab.views.animations import DEFAULT_FRAME_MS, animate, step_caption
 from kvlab.views.live import Stepper
 from kvlab.views.text import caption
 
 _ROW_PX = 46
+_RIGHT = 30  # px right of the plots, where the longest total's label may run
 
 
 def _runs(runs: object) -> list[tuple[str, AgentRun]]:
@@ -90,14 +101,94 @@ def _check_state(state: object) -> None:
         )
 
 
-def _label(v: int, what: str, axis_max: int) -> str:
-    """A bar's label: with its unit on a long bar, the bare number on a short one, nothing on a tiny one."""
-    if v <= 0:
-        return ""
-    return f"{v:,} {what}" if v >= 0.16 * axis_max else f"{v:,}" if v >= 0.05 * axis_max else ""
+#: Bar labels are 12 px text; a label needs this many px more than its text to sit clear of a bar's ends.
+_LABEL_PX = 12
+_LABEL_PAD = 8
 
 
-def _turn_bars(state: AgentTurnsState, prompt_max: int) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class _Bars:
+    """The prompt panel's x scale: px per token at the width labels are fitted for, and the axis end."""
+
+    px_per_token: float
+    axis_end: float
+    prefix: int | None
+
+    def fits(self, text: str, a: float, b: float) -> bool:
+        return text_px(text, _LABEL_PX) + _LABEL_PAD <= (b - a) * self.px_per_token
+
+    def pieces(self, a: float, b: float) -> list[tuple[float, float]]:
+        """[a, b], or its two sides where the fixed prefix's line crosses it, widest first."""
+        p = self.prefix
+        parts = [(a, b)] if not p or not a < p < b else [(a, p), (p, b)]
+        return sorted(parts, key=lambda ab: ab[0] - ab[1])
+
+    def inside(self, a: float, b: float, texts: Sequence[str]) -> tuple[float, str] | None:
+        """(centre, text) of the first text that fits the bar [a, b] on one side of the prefix line."""
+        for text in texts:
+            for lo, hi in self.pieces(a, b):
+                if self.fits(text, lo, hi):
+                    return (lo + hi) / 2, text
+        return None
+
+    def outside(self, b: float, texts: Sequence[str]) -> tuple[float, str] | None:
+        """(start, text) of the first text that fits right of a bar ending at ``b``, clear of the prefix line."""
+        start = b + 3 / self.px_per_token
+        for text in texts:
+            end = start + (text_px(text, _LABEL_PX) + 2) / self.px_per_token
+            clear = self.prefix is None or not start - 1 / self.px_per_token <= self.prefix <= end
+            if end <= self.axis_end and clear:
+                return start, text
+        return None
+
+
+def _prompt_scale(names: Sequence[str], prompt_max: int, prefix_tokens: int | None) -> tuple[int, _Bars]:
+    """The left margin that holds the policy names, and the prompt panel's scale at ``LABEL_WIDTH`` px."""
+    left = int(max(text_px(n, 13) for n in names)) + 16
+    axis_end = prompt_max * 1.02
+    width = LABEL_WIDTH - left - _RIGHT
+    return left, _Bars(width / axis_end, axis_end, prefix_tokens)
+
+
+def _label_trace(
+    name: str, labels: list[tuple[float, str, str]], color: str, names: list[str]
+) -> dict[str, Any]:
+    """One text trace of the prompt panel: a label (x, text, text position) per policy, "" for none."""
+    xs, texts, where = (list(column) for column in zip(*labels, strict=True))
+    return {
+        "type": "scatter", "mode": "text", "name": name, "x": xs, "y": names, "text": texts,
+        "textposition": where, "textfont": {"size": _LABEL_PX, "color": color}, "hoverinfo": "skip",
+        "showlegend": False, "cliponaxis": False, "xaxis": "x", "yaxis": "y",
+    }  # fmt: skip
+
+
+def _prompt_labels(state: AgentTurnsState, bars: _Bars) -> list[dict[str, Any]]:
+    """The cached and processed parts' labels, placed where they can be read.
+
+    A label goes where its bar has room for it, on one side of the fixed
+    prefix's line (never across it): the count with its unit, else the bare
+    count; a processed part too thin for either is labelled just right of the
+    bar when there is room, else not at all (its hover still says it).
+    """
+    cached: list[tuple[float, str, str]] = []  # (x, text, text position) per policy
+    processed: list[tuple[float, str, str]] = []
+    for c in state.current:
+        got = c.cached_tokens if c else 0
+        new = c.processed_tokens if c else 0
+        inside = bars.inside(0, got, [f"{got:,} cached", f"{got:,}"]) if got else None
+        cached.append((*(inside or (0, "")), "middle center"))
+        words = [f"{new:,} processed", f"{new:,}"]
+        inside = bars.inside(got, got + new, words) if new else None
+        outside = bars.outside(got + new, words) if new and inside is None else None
+        processed.append((*(inside or outside or (0, "")), "middle right" if outside else "middle center"))
+    names = list(state.names)
+    return [
+        _label_trace("cached labels", cached, "white", names),
+        _label_trace("processed labels", processed, theme.INK, names),
+    ]
+
+
+def _turn_bars(state: AgentTurnsState) -> list[dict[str, Any]]:
     """This turn's prompt per policy (cached | processed), and the tokens processed so far."""
     names = list(state.names)
     cached = [c.cached_tokens if c else 0 for c in state.current]
@@ -106,16 +197,12 @@ def _turn_bars(state: AgentTurnsState, prompt_max: int) -> list[dict[str, Any]]:
         {
             "type": "bar", "orientation": "h", "name": "from the cache (prefix shared with the last prompt)",
             "y": names, "x": cached, "marker": {"color": theme.BLUE, "line": {"color": "white", "width": 1}},
-            "text": [_label(v, "cached", prompt_max) for v in cached], "textposition": "inside",
-            "insidetextanchor": "middle", "textfont": {"color": "white"},
             "hovertemplate": "%{y}: %{x:,} tokens from the cache<extra></extra>", "xaxis": "x", "yaxis": "y",
         },
         {
             "type": "bar", "orientation": "h", "name": "processed this turn", "y": names, "x": processed,
             "marker": {"color": theme.ORANGE, "line": {"color": "white", "width": 1},
                        "pattern": {"shape": "/", "fgcolor": theme.INK, "fgopacity": 0.3, "size": 8}},
-            "text": [_label(v, "processed", prompt_max) for v in processed], "textposition": "inside",
-            "insidetextanchor": "middle", "textfont": {"color": theme.INK},
             "hovertemplate": "%{y}: %{x:,} tokens processed this turn<extra></extra>", "xaxis": "x", "yaxis": "y",
         },
         {
@@ -173,9 +260,10 @@ def agent_turn_spec(
     total_max = check_axis_max("total_max", total_max)
     if prefix_tokens is not None:
         prefix_tokens = check_axis_max("prefix_tokens", prefix_tokens)
-    data = _turn_bars(state, prompt_max)
-    shapes, annotations = _panel_marks(state, prefix_tokens)
     names = list(state.names)
+    left, bars = _prompt_scale(names, prompt_max, prefix_tokens)
+    data = _turn_bars(state) + _prompt_labels(state, bars)
+    shapes, annotations = _panel_marks(state, prefix_tokens)
     sub = "; ".join(f"{n}: prompt {p:,}" for n, p in zip(names, prompts, strict=True)) if state.turn else ""
     ttl = title_text(caption or title or "Agent turns: cached and processed tokens", sub or None)
     head, _, rest = ttl["text"].partition("</b>")
@@ -191,7 +279,7 @@ def agent_turn_spec(
                 "anchor": "y2"},
         yaxis2={"domain": [0, 0.36], "autorange": "reversed", "automargin": True, "fixedrange": True},
         legend={"orientation": "h", "y": -52 / plot_h, "x": 0, "yanchor": "top", "traceorder": "normal"},
-        margin={"l": 20, "r": 30, "t": top, "b": 140},
+        margin={"l": left, "r": _RIGHT, "t": top, "b": 140},
     )  # fmt: skip
     return {"data": data, "layout": layout}
 
@@ -267,12 +355,25 @@ def _stepper_view(state: AgentTurnsState, previous: AgentTurnsState | None, **op
     return agent_turn_spec(state, previous, title="Agent turns: cached and processed tokens", **options)
 
 
+_SPLIT_SIDES = 90  # px of the prompt-split figure's left and right margins
+
+
+def _over_bar(count: int, slot_px: float) -> str:
+    """The count over a bar: in full where it fits the bar's slot, else in thousands ("2k", "2.4k"), so
+    that the labels of neighbouring bars never run into one another ("2,0002,000")."""
+    full = f"{count:,}"
+    if text_px(full, 10) + 3 <= slot_px or count < 1000:
+        return full
+    return f"{count / 1000:.1f}".removesuffix(".0") + "k"
+
+
 def _split_panel(
     i: int, k: int, name: str, run: AgentRun, *, y1: float, height_each: float, ymax: int
 ) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
     """(bars and totals, axes, heading) of run number ``i`` of ``k``, its panel's top at paper ``y1``."""
     ax = "" if i == 0 else str(i + 1)
     turns = [t.turn for t in run.turns]
+    slot_px = (LABEL_WIDTH - _SPLIT_SIDES) / (len(turns) + 0.2)  # the x range is [0.4, turns + 0.6]
     cached = [t.cached_tokens for t in run.turns]
     processed = [t.processed_tokens for t in run.turns]
     data: list[dict[str, Any]] = []
@@ -289,7 +390,7 @@ def _split_panel(
         })  # fmt: skip
     data.append({
         "type": "scatter", "mode": "text", "x": turns, "y": [c + p for c, p in zip(cached, processed, strict=True)],
-        "text": [f"{p:,}" for p in processed], "textposition": "top center", "textfont": {"size": 10},
+        "text": [_over_bar(p, slot_px) for p in processed], "textposition": "top center", "textfont": {"size": 10},
         "showlegend": False, "hoverinfo": "skip", "xaxis": f"x{ax}", "yaxis": f"y{ax}", "cliponaxis": False,
     })  # fmt: skip
     axes = {

@@ -46,8 +46,17 @@ from kvlab.views._common import (
     tokens_text,
     top_margin,
 )
+from kvlab.views.text import plural
 
 Owners = list[tuple[str, int]]
+
+#: Cells of room around the grid and the tables, so that the highlight's outline, drawn just outside
+#: its cell, is not cut off at the plot's edge (plotly clips lines to their axes' ranges).
+EDGE = 0.06
+#: px between the last block-table row and the legend under it.
+LEGEND_GAP = 16
+#: The legend's name for the highlighted token's slot: the same in every frame (the hover names the slot).
+SLOT_LABEL = "the chosen token's slot"
 
 
 def grid_shape(num_blocks: int) -> tuple[int, int]:
@@ -70,8 +79,8 @@ def grid_shape(num_blocks: int) -> tuple[int, int]:
 
 def table_label(request_id: str, num_tokens: int) -> str:
     """A block table's row label: the request and how many tokens it holds, in two lines when long."""
-    one = f"{request_id} · {num_tokens} tok"
-    return one if len(one) <= 14 else f"{request_id}<br>{num_tokens} tok"
+    one = f"{request_id} · {num_tokens:,} tok"
+    return one if len(one) <= 14 else f"{request_id}<br>{num_tokens:,} tok"
 
 
 def _label_px(labels: Sequence[str]) -> float:
@@ -263,6 +272,28 @@ def _tables_trace(
     return trace, where_in_tables
 
 
+def _outline(
+    cells: Sequence[tuple[int, int]], inset: float, merge: bool
+) -> tuple[list[float | None], list[float | None]]:
+    """One rectangle per cell, or, where cells are too narrow to outline one by one (``merge``), one per
+    run of neighbouring cells in a row: 88 dotted outlines a few px wide read as noise, not as a mark."""
+    if not merge:
+        return rect_path(cells, inset=inset)
+    xs: list[float | None] = []
+    ys: list[float | None] = []
+    runs: list[list[int]] = []  # [first x, last x, y]
+    for x, y in sorted(set(cells), key=lambda c: (c[1], c[0])):
+        if runs and runs[-1][2] == y and runs[-1][1] == x - 1:
+            runs[-1][1] = x
+        else:
+            runs.append([x, x, y])
+    for first, last, y in runs:
+        rx, ry = rect_path([((first + last) / 2, y)], (last - first) / 2 + 0.5, 0.5, inset)
+        xs += rx
+        ys += ry
+    return xs, ys
+
+
 def _change_marks(
     state: BlockPoolState, shape: _Shape, where_in_tables: dict[int, list[tuple[int, int]]], shown: set[str]
 ) -> list[dict[str, Any]]:
@@ -274,8 +305,8 @@ def _change_marks(
         if cross:
             xs, ys = cross_path([(x + 0.27, y - 0.22) for x, y in grid_cells], half=0.1)
             return [mark_trace(kind, xs, ys, width=2.5, legend=kind in shown)]
-        gx, gy = rect_path(grid_cells, inset=inset)
-        tx, ty = rect_path(table_cells, inset=inset)
+        gx, gy = _outline(grid_cells, inset, merge=shape.cols > 16)
+        tx, ty = _outline(table_cells, inset, merge=max(shape.cols, shape.tcols) > 24)
         return [
             mark_trace(kind, gx, gy, legend=kind in shown),
             mark_trace(kind, tx, ty, xaxis="x2", yaxis="y2", legend=False),
@@ -289,17 +320,32 @@ def _change_marks(
     ]
 
 
+def _slot_trace(xs: list, ys: list, hover: str, legend: bool) -> dict[str, Any]:
+    """The slot inside the highlighted block: a yellow line with a triangle at each end.
+
+    Its legend name is the same in every frame, so an animation's legend keeps
+    its entries and their places; the hover says which slot it is.
+    """
+    return {
+        "type": "scatter", "mode": "markers+lines", "x": xs, "y": ys,
+        "line": {"color": theme.YELLOW, "width": 3}, "marker": {"symbol": "triangle-down", "size": 9,
+        "color": theme.YELLOW, "line": {"color": theme.BLACK, "width": 1}}, "name": SLOT_LABEL,
+        "showlegend": legend, "legendgroup": "mark highlight", "hovertext": [hover] * len(xs),
+        "hovertemplate": "%{hovertext}<extra></extra>", "xaxis": "x", "yaxis": "y",
+    }  # fmt: skip
+
+
 def _highlight_traces(
-    state: BlockPoolState, shape: _Shape, hl: tuple[str, int] | None
+    state: BlockPoolState, shape: _Shape, hl: tuple[str, int] | None, legend: bool
 ) -> tuple[list[dict[str, Any]], str]:
     """The highlighted token's logical and physical block and its slot (empty traces without one), and
-    the subtitle line that spells out the translation."""
-    if hl is None:
+    the subtitle line that spells out the translation. With ``legend`` the legend lists the highlight
+    even where this snapshot cannot show it (an animation whose other frames do)."""
+    if hl is None:  # the same traces, empty; listed in the legend when another frame draws them
         return [
-            mark_trace("highlight", [], [], legend=False),
-            mark_trace("highlight", [], [], xaxis="x2", yaxis="y2", legend=False),
-            {"type": "scatter", "mode": "markers+lines", "x": [], "y": [], "showlegend": False, "name": "slot",
-             "hoverinfo": "skip", "xaxis": "x", "yaxis": "y", "legendgroup": "mark highlight"},
+            mark_trace("highlight", [], [], legend=legend, width=4),
+            mark_trace("highlight", [], [], xaxis="x2", yaxis="y2", legend=False, width=4),
+            _slot_trace([None, None] if legend else [], [None, None] if legend else [], "", legend),
         ], ""  # fmt: skip
     rid, pos = hl
     bs = state.block_size
@@ -312,14 +358,8 @@ def _highlight_traces(
     data = [
         mark_trace("highlight", gx, gy, width=4),
         mark_trace("highlight", tx, ty, xaxis="x2", yaxis="y2", legend=False, width=4),
-        {
-            "type": "scatter", "mode": "markers+lines", "x": [sx, sx], "y": [r - 0.46, r + 0.46],
-            "line": {"color": theme.YELLOW, "width": 3}, "marker": {"symbol": "triangle-down", "size": 9,
-            "color": theme.YELLOW, "line": {"color": theme.BLACK, "width": 1}}, "name": f"slot {slot}",
-            "showlegend": True, "legendgroup": "mark highlight", "hovertext": [f"slot {slot}"] * 2,
-            "hovertemplate": "%{hovertext}<extra></extra>", "xaxis": "x", "yaxis": "y",
-        },
-    ]  # fmt: skip
+        _slot_trace([sx, sx], [r - 0.46, r + 0.46], f"{rid} token {pos}: slot {slot}", True),
+    ]
     text = (f"{rid} token {pos} → logical block {logical}, offset {offset} → physical block {physical} "
             f"→ slot {physical}×{bs}+{offset} = {slot}")  # fmt: skip
     return data, text
@@ -331,7 +371,7 @@ def _subtitle(state: BlockPoolState, hl_text: str) -> str:
         counts[b.status] += 1
     sub = (f"{state.num_blocks} blocks of {state.block_size} slots: {counts['in use']} in use, "
            f"{counts['free, cached']} free but cached, {counts['free']} free, {counts['never used']} never used"
-           f" · {len(state.tables)} block table(s)")  # fmt: skip
+           f" · {plural(len(state.tables), 'block table')}")  # fmt: skip
     return sub + "<br>" + hl_text if hl_text else sub
 
 
@@ -347,25 +387,25 @@ def _layout(
     ticks_every = 1 if tcols <= 24 else math.ceil(tcols / 12)
     grid_ticks = list(range(0, cols, 1 if cols <= 16 else 4))
     return legend_below_layout(
-        ttl, data, plot_h=plot_h, top=top, left=shape.left, gap=6, pad=16,
-        xaxis={"domain": [0, 1], "range": [-0.5, cols - 0.5], "showgrid": False, "zeroline": False,
+        ttl, data, plot_h=plot_h, top=top, left=shape.left, gap=LEGEND_GAP, pad=LEGEND_GAP + 10,
+        xaxis={"domain": [0, 1], "range": [-0.5 - EDGE, cols - 0.5 + EDGE], "showgrid": False, "zeroline": False,
                "tickmode": "array", "tickvals": grid_ticks,
                "ticktext": [f"+{c}" if rows > 1 else str(c) for c in grid_ticks], "tickangle": 0,
                "side": "top", "fixedrange": True, "tickfont": {"size": 10},
                "title": {"text": "physical blocks" + (" (id = row start + column)" if rows > 1 else ""),
                          "standoff": 4, "font": {"size": 12}}},
-        yaxis={"domain": [1 - grid_h / plot_h, 1], "range": [rows - 0.5, -0.5],
+        yaxis={"domain": [1 - grid_h / plot_h, 1], "range": [rows - 0.5 + EDGE, -0.5 - EDGE],
                "showgrid": False, "zeroline": False, "tickmode": "array",
                "tickvals": list(range(rows)), "ticktext": [str(r * cols) for r in range(rows)],
                "visible": rows > 1, "fixedrange": True, "tickfont": {"size": 10}},
-        xaxis2={"domain": [0, 1], "range": [-0.5, xcols - 0.5], "showgrid": False, "zeroline": False,
+        xaxis2={"domain": [0, 1], "range": [-0.5 - EDGE, xcols - 0.5 + EDGE], "showgrid": False, "zeroline": False,
                 "tickmode": "array", "tickvals": list(range(0, tcols, ticks_every)),
                 "ticktext": [f"L{i}" for i in range(0, tcols, ticks_every)], "side": "top", "fixedrange": True,
                 "anchor": "y2", "tickfont": {"size": 10},
                 "title": {"text": "block tables: logical block → physical block", "standoff": 4,
                           "font": {"size": 12}}},
         yaxis2={"domain": [0, tables_h / plot_h],
-                "range": [trows - 0.5, -0.5], "showgrid": False, "zeroline": False, "tickmode": "array",
+                "range": [trows - 0.5 + EDGE, -0.5 - EDGE], "showgrid": False, "zeroline": False, "tickmode": "array",
                 "tickvals": list(range(trows)), "ticktext": list(shape.table_labels), "anchor": "x2",
                 "fixedrange": True, "tickfont": {"size": 11}},
         # always one annotation, empty when there are tables, so every frame has the same layout keys
@@ -398,7 +438,8 @@ def block_pool_spec(
     for that many block tables and logical blocks, and ``label_px`` for
     table labels that wide, so that every frame of an animation has the same
     axes. ``legend_marks`` lists the marks the legend explains (default: those
-    this snapshot shows).
+    this snapshot shows); a ``highlight`` is listed even in a snapshot that
+    cannot show it, so an animation's legend is the same in every frame.
     """
     check_state("state", state, BlockPoolState)
     shown = set(block_pool_marks(state) if legend_marks is None else legend_marks)
@@ -412,7 +453,7 @@ def block_pool_spec(
     tables, where_in_tables = _tables_trace(state, shape)
     data = [_grid_trace(state, shape), tables, *status_legend(state.null_block is not None)]
     data += _change_marks(state, shape, where_in_tables, shown)
-    highlighted, hl_text = _highlight_traces(state, shape, hl)
+    highlighted, hl_text = _highlight_traces(state, shape, hl, legend=highlight is not None)
     data += highlighted
     ttl = title_text(caption or title or "Block pool", _subtitle(state, hl_text))
     top = top_margin(ttl, True, head_lines, sub_lines)

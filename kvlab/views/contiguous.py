@@ -26,6 +26,7 @@ from kvlab.views._common import (
     title_text,
     top_margin,
 )
+from kvlab.views.text import plural
 
 _Parts = dict[str, dict[str, list]]
 _Labels = tuple[list[float], list[str], list[str]]
@@ -55,26 +56,28 @@ def _parts(state: ContiguousState) -> tuple[_Parts, _Labels]:
         used = parts["stores KV"]
         used["x"].append(r.used)
         used["base"].append(r.start)
-        used["hover"].append(f"<b>{r.owner}</b> [{r.start}, {r.end})<br>{r.used} of {r.size} slots hold KV")
+        used["hover"].append(
+            f"<b>{r.owner}</b> [{r.start}, {r.end})<br>{r.used:,} of {r.size:,} slots hold KV"
+        )
         spare = parts["reserved, unused"]
         spare["x"].append(r.size - r.used)
         spare["base"].append(r.start + r.used)
         spare["hover"].append(
-            f"<b>{r.owner}</b>: {r.size - r.used} slots reserved but unused<br>(internal fragmentation)"
+            f"<b>{r.owner}</b>: {r.size - r.used:,} slots reserved but unused<br>(internal fragmentation)"
         )
         # the label sits on the larger part of the region, in a colour readable there
         on_used = 2 * r.used >= r.size
         part = r.used if on_used else r.size - r.used
         labels_x.append(r.start + r.used / 2 if on_used else r.start + r.used + part / 2)
-        labels_text.append(_fit_label(f"{r.owner}<br>{r.used}/{r.size}", part, pool, short=r.owner))
+        labels_text.append(_fit_label(f"{r.owner}<br>{r.used:,}/{r.size:,}", part, pool, short=r.owner))
         labels_color.append("white" if on_used else theme.INK)
     for start, size in state.gaps:
         gap = parts["free gap"]
         gap["x"].append(size)
         gap["base"].append(start)
-        gap["hover"].append(f"free gap [{start}, {start + size}): {size} slots")
+        gap["hover"].append(f"free gap [{start}, {start + size}): {plural(size, 'slot')}")
         labels_x.append(start + size / 2)
-        labels_text.append(_fit_label(f"gap<br>{size}", size, pool, short=str(size)))
+        labels_text.append(_fit_label(f"gap<br>{size:,}", size, pool, short=f"{size:,}"))
         labels_color.append(theme.INK)
     return parts, (labels_x, labels_text, labels_color)
 
@@ -105,9 +108,10 @@ def _subtitle(state: ContiguousState) -> str:
     gaps = state.gaps
     free = pool - state.reserved
     largest = max((s for _, s in gaps), default=0)
-    sub = (f"{len(state.regions)} regions reserve {state.reserved:,} of {pool:,} slots; "
-           f"{state.stored:,} hold KV ({100 * state.stored / pool:.1f}% of the pool); "
-           f"{free:,} free in {len(gaps)} gap(s), largest {largest:,}")  # fmt: skip
+    where = f"{free:,} free in {plural(len(gaps), 'gap')}, largest {largest:,}" if gaps else "no slot free"
+    verb = "reserves" if len(state.regions) == 1 else "reserve"
+    sub = (f"{plural(len(state.regions), 'region')} {verb} {state.reserved:,} of {pool:,} slots; "
+           f"{state.stored:,} hold KV ({100 * state.stored / pool:.1f}% of the pool); {where}")  # fmt: skip
     if state.rejected:
         sub += f"<br>refused so far: {', '.join(state.rejected)}"
     return sub
@@ -138,7 +142,7 @@ def contiguous_spec(
         barmode="overlay", height=plot_h + top + bottom, showlegend=True,
         legend={"orientation": "h", "y": -legend_top / plot_h, "x": 0, "yanchor": "top"},
         xaxis={"range": [0, state.pool_size], "title": {"text": "slot", "standoff": 2}, "showgrid": False,
-               "zeroline": False},
+               "zeroline": False, "tickformat": ",d"},
         yaxis={"visible": False, "range": [-0.6, 0.6], "fixedrange": True},
         margin={"l": 30, "r": 30, "t": top, "b": bottom},
     )  # fmt: skip

@@ -38,7 +38,7 @@ from kvlab.views._common import (
     title_text,
     top_margin,
 )
-from kvlab.views.block_pool import block_hover, block_owners, block_pool_marks
+from kvlab.views.block_pool import EDGE, LEGEND_GAP, block_hover, block_owners, block_pool_marks
 
 
 def _queue_leavers(
@@ -210,13 +210,13 @@ def _layout(ttl: dict[str, Any], shape: _Shape, data: list[dict[str, Any]], top:
     cell_px = 52 if shape.detail else 24  # room for the id and a two-line tag
     plot_h = rows * cell_px
     return legend_below_layout(
-        ttl, data, plot_h=plot_h, top=top, left=120, gap=6, pad=16,
-        xaxis={"range": [-0.5, cols - 0.5], "showgrid": False, "zeroline": False, "fixedrange": True,
+        ttl, data, plot_h=plot_h, top=top, left=120, gap=LEGEND_GAP, pad=LEGEND_GAP + 10,
+        xaxis={"range": [-0.5 - EDGE, cols - 0.5 + EDGE], "showgrid": False, "zeroline": False, "fixedrange": True,
                "tickmode": "array", "tickvals": list(range(cols)), "ticktext": [str(c) for c in range(cols)],
                "side": "top", "tickfont": {"size": 10},
                "title": {"text": "queue position: front (handed out next, evicted first) → back",
                          "standoff": 4, "font": {"size": 12}}},
-        yaxis={"range": [rows - 0.5, -0.5], "showgrid": False, "zeroline": False, "fixedrange": True,
+        yaxis={"range": [rows - 0.5 + EDGE, -0.5 - EDGE], "showgrid": False, "zeroline": False, "fixedrange": True,
                "tickmode": "array", "tickvals": list(range(rows)), "ticktext": _row_labels(shape),
                "tickfont": {"size": 11}},
         shapes=[{"type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": "y", "y0": 0.5, "y1": 0.5,

@@ -44,7 +44,7 @@ def test_example_3_paged_history_fills_the_pool():
     assert used[0] == 0 and used == sorted(used)
     assert used[-1] == used[-2] == (7533 + 51) // 16
     assert "r8" in caption(history[-1]) and "waits" in caption(history[-1])
-    assert caption(history[-1]) == "r8 (1022 tokens) needs 64 blocks, 38 free: it waits"
+    assert caption(history[-1]) == "r8 (1,022 tokens) needs 64 blocks, 38 free: it waits"
     assert history[-1].event.kind == "utilization.wait" and history[-1].event["request_id"] == "r8"
     assert [rid for rid, _ in history[-1].state.tables] == [f"r{i}" for i in range(8)]
 

@@ -186,7 +186,8 @@ def test_example_2_highlight_shows_the_slot_of_token_36() -> None:
     highlight = [t for t in fig.data if t.name == theme.MARK_STYLES["highlight"]["label"]]
     assert outlined_cells(highlight[0]) == {(9 % cols, 9 // cols)}  # physical block 9 in the grid
     assert outlined_cells(highlight[1]) == {(2, rows["A · 37 tok"])}  # logical block 2 in A's table
-    slot = trace_named(fig, "slot 148")
+    slot = trace_named(fig, "the chosen token's slot")
+    assert list(slot.hovertext) == ["A token 36: slot 148"] * 2
     assert slot.x[0] == pytest.approx(9 - 0.5 + 4.5 / 16)  # offset 4 of 16 inside block 9
 
 
@@ -427,8 +428,11 @@ def test_animation_plays_without_a_kernel(tmp_path) -> None:
 def test_highlight_in_animation_is_skipped_where_the_request_is_absent() -> None:
     history = ex02.example_2().history
     anim = block_pool_animation(history, highlight=("A", 36))
-    names = [[t.name for t in f.data] for f in anim.frames]
-    assert any("slot 148" in n for n in names) and not any("slot 148" in n for n in names[:2])
+    drawn = [
+        any(x is not None for t in f.data if t.name == "the chosen token's slot" for x in t.x)
+        for f in anim.frames
+    ]
+    assert drawn == [False, False, True, True]
 
 
 # ---------------------------------------------------------------------- bars and lines
@@ -529,15 +533,15 @@ def test_setup_configures_offline_renderers_and_rejects_unknown_ones(monkeypatch
     before = pio.renderers.default
     try:
         monkeypatch.delenv("PLOTLY_RENDERER", raising=False)
-        assert setup() == "plotly_mimetype+notebook"
-        assert pio.renderers.default == "plotly_mimetype+notebook"
+        assert setup() == "plotly_mimetype+notebook_connected"
+        assert pio.renderers.default == "plotly_mimetype+notebook_connected"
         assert pio.templates.default == "plotly_white+kvlab"
         other = go.Figure(go.Pie(values=[1, 2]))  # a figure of the student's own: plotly_white, kvlab's fonts
         assert other.layout.template.layout.font.family == theme.FONT_FAMILY
         assert other.layout.template.data.pie == pio.templates["plotly_white"].data.pie
         with pytest.raises(InvalidArgumentError):
             setup("nonsense+json")
-        assert pio.renderers.default == "plotly_mimetype+notebook"  # a rejected call changes nothing
+        assert pio.renderers.default == "plotly_mimetype+notebook_connected"  # a rejected call changes nothing
         assert setup("json") == "json"
     finally:
         pio.renderers.default = before

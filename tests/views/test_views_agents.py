@@ -33,7 +33,9 @@ def test_the_turns_history_lines_the_runs_up(runs):
     last = history[-1].state
     assert isinstance(last, AgentTurnsState) and last.turn == 20
     assert list(last.totals) == [r.total_processed for r in runs.values()] == [10000, 34000, 10300]
-    assert "turn 13" in caption(history[13]) and "append-only, one summary at 12 700" in caption(history[13])
+    assert "turn 13" in caption(history[13]) and "700 by append-only, one summary at 12" in caption(
+        history[13]
+    )
 
 
 def test_a_turn_shows_cached_and_processed_tokens(runs):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from kvlab.core.snapshots import Event, History, Step
 from kvlab.errors import InvalidArgumentError
@@ -24,6 +24,41 @@ Describe = Callable[[Event], str]
 _DESCRIBE: dict[str, Describe] = {}
 
 _loaded = False
+
+
+def plural(count: int, noun: str, many: str | None = None) -> str:
+    """``count`` and ``noun``, the noun in the plural unless the count is one: "1 token", "2 tokens", "1,022 tokens".
+
+    ``many`` is the plural where it is not the noun and an "s" ("leaf", "leaves").
+    """
+    word = noun if count == 1 else many or f"{noun}s"
+    return f"{count:,} {word}"
+
+
+#: Block ids a caption lists one by one; a longer list is written as runs of consecutive ids.
+LISTED = 8
+
+
+def block_list(ids: Sequence[int]) -> str:
+    """Block ids as a caption writes them: ``[7, 2, 9]``, or as runs with their count when there are many.
+
+    A request of 1,406 tokens holds 88 blocks; listing them all would fill a
+    figure's title, so ``[194–281] (88 blocks)``; runs that are still many keep
+    the first and last three (``[0, 2, 4, …, 40, 42, 44] (23 blocks)``).
+    """
+    ids = list(ids)
+    if len(ids) <= LISTED:
+        return str(ids)
+    runs: list[list[int]] = []
+    for b in ids:
+        if runs and b == runs[-1][-1] + 1:
+            runs[-1].append(b)
+        else:
+            runs.append([b])
+    parts = [str(r[0]) if len(r) == 1 else f"{r[0]}–{r[-1]}" for r in runs]
+    if len(parts) > 6:
+        parts = [*parts[:3], "…", *parts[-3:]]
+    return f"[{', '.join(parts)}] ({len(ids):,} blocks)"
 
 
 def describes(*kinds: str) -> Callable[[Describe], Describe]:

@@ -13,6 +13,7 @@ def _start(e: Event) -> str:
 
 @describes("agents.turn")
 def _turn(e: Event) -> str:
+    # the count first, then the policy: a name that ends in a number ("one summary at 12") never runs into it
     return f"turn {e['turn']}, tokens processed: " + "; ".join(
-        f"{n} {count:,}" for n, count in e["processed"]
+        f"{count:,} by {n}" for n, count in e["processed"]
     )

@@ -8,15 +8,15 @@ from kvlab.views.text import describes
 
 @describes("contiguous.create")
 def _create(e: Event) -> str:
-    return f"empty pool of {e['pool_size']} slots"
+    return f"empty pool of {e['pool_size']:,} slots"
 
 
 @describes("contiguous.reserve")
 def _reserve(e: Event) -> str:
     rid, size, start = e["request_id"], e["size"], e["start"]
     if start is None:
-        return f"{rid}: {size} slots refused, largest gap {e['largest_gap']}"
-    return f"{rid}: {size} slots at [{start}, {start + size}), {e['used']} used"
+        return f"{rid}: {size:,} slots refused, largest gap {e['largest_gap']:,}"
+    return f"{rid}: {size:,} slots at [{start}, {start + size}), {e['used']:,} used"
 
 
 @describes("contiguous.release")

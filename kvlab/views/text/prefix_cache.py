@@ -7,13 +7,13 @@ the course's, so tests and notebooks compare them exactly.
 from __future__ import annotations
 
 from kvlab.core.snapshots import Event
-from kvlab.views.text import describes
+from kvlab.views.text import block_list, describes, plural
 
 
 def _hits(e: Event) -> str:
     if not e["hit_block_ids"]:
         return "no cache hit"
-    return f"hit {e['num_cached_tokens']} tokens in blocks {list(e['hit_block_ids'])}"
+    return f"hit {e['num_cached_tokens']:,} tokens in blocks {block_list(e['hit_block_ids'])}"
 
 
 def _evictions(e: Event) -> str:
@@ -32,21 +32,21 @@ def _cache_init(e: Event) -> str:
 
 @describes("prefix_cache.probe")
 def _cache_probe(e: Event) -> str:
-    return f"probe {e['num_tokens']} tokens: {_hits(e)}"
+    return f"probe {e['num_tokens']:,} tokens: {_hits(e)}"
 
 
 @describes("prefix_cache.allocate")
 def _cache_allocate(e: Event) -> str:
     return (
-        f"allocate {e['request_id']} ({e['num_tokens']} tokens): {_hits(e)}, "
-        f"new blocks {list(e['new_block_ids'])}{_evictions(e)}"
+        f"allocate {e['request_id']} ({e['num_tokens']:,} tokens): {_hits(e)}, "
+        f"new blocks {block_list(e['new_block_ids'])}{_evictions(e)}"
     )
 
 
 @describes("prefix_cache.append")
 def _cache_append(e: Event) -> str:
     return (
-        f"append {e['num_new_tokens']} tokens to {e['request_id']}: new blocks {list(e['new_block_ids'])}"
+        f"append {plural(e['num_new_tokens'], 'token')} to {e['request_id']}: new blocks {block_list(e['new_block_ids'])}"
         f"{_evictions(e)}"
     )
 
@@ -55,7 +55,7 @@ def _cache_append(e: Event) -> str:
 def _cache_free(e: Event) -> str:
     where = []
     if e["to_front"]:
-        where.append(f"{list(e['to_front'])} to the front")
+        where.append(f"{block_list(e['to_front'])} to the front")
     if e["to_back"]:
-        where.append(f"{list(e['to_back'])} to the back")
+        where.append(f"{block_list(e['to_back'])} to the back")
     return f"free {e['request_id']}: " + (", ".join(where) if where else "no block became free")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvlab.core.snapshots import Event
-from kvlab.views.text import describes
+from kvlab.views.text import describes, plural
 
 
 @describes("swa.init")
@@ -15,7 +15,7 @@ def _init(event: Event) -> str:
 def _reuse(event: Event) -> str:
     restored = event["restored"]
     if event["forced_full"]:
-        what = "forcing full prompt re-processing"
+        what = "forcing full prompt re-processing, its checkpoints erased"
     elif restored is not None:
         what = f"restored checkpoint [{restored[0]}, {restored[1]}]"
     else:
@@ -35,4 +35,4 @@ def _batch(event: Event) -> str:
 
 @describes("swa.sample")
 def _sample(event: Event) -> str:
-    return f"sampled {event['n_sampled']} token(s); the slot keeps {event['n_tokens']}"
+    return f"sampled {plural(event['n_sampled'], 'token')}; the slot keeps {event['n_tokens']:,}"

@@ -9,6 +9,6 @@ from kvlab.views.text import describes
 @describes("utilization.wait")
 def _wait(e: Event) -> str:
     return (
-        f"{e['request_id']} ({e['tokens']} tokens) needs {e['blocks_needed']} blocks, "
-        f"{e['free_blocks']} free: it waits"
+        f"{e['request_id']} ({e['tokens']:,} tokens) needs {e['blocks_needed']:,} blocks, "
+        f"{e['free_blocks']:,} free: it waits"
     )
