@@ -34,13 +34,15 @@ def text_px(text: str, font_px: float = 10) -> float:
 #: Runs a title never breaks inside: "Step 3 of 7", a bracketed token list, a number with its unit.
 _UNBROKEN = re.compile(r"Step \d+ of \d+|\[[^\[\]]*[\])]|\d[\d,.]* (?:tokens?|blocks?|slots?)\b")
 #: What a break after a word costs: nothing after a phrase's end, a little after a comma, most inside one.
-_PHRASE_END = (":", "·", ";", "—", "–", "→")
+_PHRASE_END = (":", "·", ";", "—", "–")
 
 
 def _break_cost(word: str, following: str) -> int:
     """A break between ``word`` and ``following``: free after a phrase's end, never before a "·"."""
     if following in _PHRASE_END:
         return 8
+    if "→" in (word, following):  # "A → B" reads as one phrase: break around the arrow only if it must
+        return 6
     if word.endswith(_PHRASE_END):
         return 0
     return 1 if word.endswith(",") else 4
