@@ -12,7 +12,7 @@ import random
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from kvlab.errors import KvlabError
 from kvlab.exercises.core import NotYet, all_whole, call_for_list, exercise
@@ -87,6 +87,13 @@ def after_restore(function: Any, cases: list[tuple[list[int], list[int]]]) -> st
         want = _after_restore(saved, prompt)
         if len(got) != 2 or not all_whole(got):
             raise NotYet(f"Return two whole numbers, [cache_n, prompt_n]; got {got!r}.")
+        if got != want and got == [want[0] + 1, want[1] - 1] and want[1] == 1:
+            raise NotYet(
+                f"A file holding {len(saved)} tokens, then a prompt of {len(prompt)} that the file covers: the server "
+                f"reports [cache_n, prompt_n] = {want}, your function {got}. The server always evaluates the "
+                "prompt's last token itself, to get the output it samples the next token from, so cache_n is at "
+                "most len(prompt) - 1 and prompt_n at least 1."
+            )
         if got != want:
             raise NotYet(
                 f"A file holding {len(saved)} tokens, then a prompt of {len(prompt)}: the server reports "
@@ -132,7 +139,41 @@ def break_even(answer: float) -> str:
         raise NotYet(
             "That is the break-even against the CPU; the question asks about the RTX 4090 at half its peak."
         )
-    raise NotYet(f"At {answer} GB/s reading and recomputing do not take the same time.")
+    _break_even_miss(answer, est.file_bytes, est.gpu_recompute_ms, expected)
+
+
+def _break_even_miss(answer: float, file_bytes: int, recompute_ms: float, expected: float) -> NoReturn:
+    """Directed feedback for a wrong break-even speed: the usual slips first, then which way to go."""
+    full_peak = expected * 2  # the RTX 4090 at 100% instead of 50% of its peak
+    for value, why in (
+        (
+            full_peak,
+            "That is the break-even at the GPU's full peak; the question says half its peak (50%), "
+            "which doubles the recompute time and halves the speed.",
+        ),
+        (
+            expected / 2,
+            "That is half the break-even: the 50% went in twice or the wrong way. At half its peak the GPU "
+            "recomputes in 2 x 8.03e9 FLOP per token / (0.5 x 165.2e12 FLOP/s), twice its full-peak time; "
+            "the break-even speed is the file's bytes divided by that time.",
+        ),
+        (
+            3.0,
+            "3 GB/s is the lesson's SSD, the speed it reads at; the question asks for the speed at which "
+            "reading takes exactly as long as recomputing.",
+        ),
+    ):
+        if abs(answer - value) <= 0.02 * value:
+            raise NotYet(why)
+    if answer <= 0:
+        raise NotYet("A disk speed is a positive number of GB/s.")
+    read_ms = file_bytes / (answer * 1e9) * 1000
+    way = "faster than" if read_ms < recompute_ms else "slower than"
+    move = "lower" if read_ms < recompute_ms else "higher"
+    raise NotYet(
+        f"At {answer:g} GB/s the 748-token file reads in {read_ms:.1f} ms, {way} the {recompute_ms:.1f} ms "
+        f"recompute: the break-even speed is {move}."
+    )
 
 
 def _scenarios() -> dict[int, Callable[[Path], object]]:
@@ -183,7 +224,7 @@ def _refused() -> list[int]:
 
 @exercise(
     "11.3",
-    title="Which restores are refused?",
+    title="Which restores does kvlab refuse?",
     assesses="knowing what makes a slot file unusable: path names, another model or cache type, damage, size",
     minutes=6,
     answer_type="list",
@@ -206,7 +247,10 @@ def refused_restores(answer: list[Any]) -> str:
     if sorted(answer) == expected:
         return (
             "A file must fit the slot and come, undamaged, from the same model shape and cache type; equal bytes "
-            "per token are not enough. Its name, the slot and what the slot held before do not matter."
+            "per token are not enough. Its name, the slot and what the slot held before do not matter. That is "
+            "kvlab's rule. llama-server 0c1e57098 checks the file's magic, version and token count and each "
+            "layer's type and row size, with no checksum: it refuses 4 too (not enough cells), but 5 (the same "
+            "row size in every layer) and 6 (a changed KV byte) would most likely restore there, as meaningless KV."
         )
     missing = sorted(set(expected) - set(answer))
     extra = sorted(set(answer) - set(expected))

@@ -221,7 +221,7 @@ def reuse_rule(answer: Any, cases: list[DecideCase]) -> str:
     difficulty="core",
     prerequisites=["12.1"],
     hints=[
-        "For 1,841 tokens they were taken at 1,325 and 1,837 tokens (the lesson); for 1,800 at 1,284 and "
+        "For 1,841 tokens they were taken at 1,325 and 1,837 tokens (lesson 000, example 12); for 1,800 at 1,284 and "
         "1,796 (a real llama-server 0c1e57098). How far is each from the end?",
         "The prompt is cut so that its last 4 + 512 tokens and its last 4 tokens start new batches; a checkpoint "
         "is taken just before each of those batches. Give n_tokens, the tokens processed when it was taken.",

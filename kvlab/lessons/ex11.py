@@ -21,7 +21,11 @@ LESSON_BYTES_WRITTEN = 778_060  # recorded by llama-server's save (its own heade
 
 
 def arithmetic_report(n_tokens: int = LESSON_PREFIX_TOKENS, written: int = LESSON_BYTES_WRITTEN) -> list[str]:
-    """The lesson's four lines: the tiny model's per-token bytes, and the 8B model's file and times."""
+    """The lesson's program, reproduced: its four lines, byte for byte (``written`` is the lesson's constant).
+
+    The tiny model's per-token bytes, and the 8B model's file and times; the notebook labels them as the
+    lesson's program, since ``written`` is what llama-server reported, not what kvlab wrote.
+    """
     n_tokens = check_size("n_tokens", n_tokens, "tokens")
     written = check_int("written", written, minimum=0, maximum=LIMITS.mib << 20)  # bytes of one file
     t = TINY_MODEL
@@ -197,7 +201,10 @@ def refusal_lines(directory: str, filename: str = FILE) -> list[str]:
             lines.append(f"{what}: restored")
         except KvlabError as error:
             lines.append(f"{what}: refused ({type(error).__name__}) {error}")
-    lines.append(f"\nthe target slot still holds {len(target.slot_tokens(0))} tokens")
+    lines.append(
+        f"\nthe target slot still holds {len(target.slot_tokens(0))} tokens: its 300-token prompt and 4 generated "
+        "tokens, less the last one, which was sampled but not yet evaluated"
+    )
     return lines
 
 

@@ -299,7 +299,12 @@ def after_a_long_answer() -> list[str]:
     restored = _spans([again.restored]) if again.restored else "none"
     plan = checkpoint_plan(LESSON_PROMPT)
     usable = [
-        f"usable for n_past {n:,}: {[checkpoint_usable(c, n, 128) for c in plan]}" for n in (350, 1330, 1837)
+        f"n_past {n:,}: "
+        + "; ".join(
+            f"[{c.pos_min}, {c.pos_max}] {'usable' if checkpoint_usable(c, n, 128) else 'not usable'}"
+            for c in plan
+        )
+        for n in (350, 1330, 1837)
     ]
     return [held, f"restored: {restored}, cache_n {again.cache_n}, prompt_n {again.prompt_n}", *usable]
 

@@ -42,6 +42,7 @@ def test_after_restore_rule_and_its_mistakes():
 
     message = ex.check("11.1", no_last_token_rule).message
     assert "[9, 1], your function [10, 0]" in message
+    assert "last token" in message and "len(prompt) - 1" in message  # the feedback names the rule missed
     assert "two whole numbers" in ex.check("11.1", lambda saved, prompt: [1]).message
     assert ex.check("11.1", lambda saved, prompt: ...).status == ex.NOT_DONE
 
@@ -67,11 +68,18 @@ def test_break_even_disk():
     assert "GiB/s" in ex.check("11.2", 0.628).message
     assert "against the CPU" in ex.check("11.2", 0.0083).message
     assert not ex.check("11.2", 3.0).right
+    assert "lesson's SSD" in ex.check("11.2", 3.0).message
+    assert "full peak" in ex.check("11.2", 1.348).message  # the 50% forgotten
+    assert "half the break-even" in ex.check("11.2", 0.337).message
+    assert "break-even speed is lower" in ex.check("11.2", 1.0).message
+    assert "break-even speed is higher" in ex.check("11.2", 0.2).message
+    assert "positive" in ex.check("11.2", 0).message
 
 
 def test_refused_restores_are_found_by_trying_them():
     assert _refused() == [4, 5, 6]
-    assert ex.check("11.3", [6, 5, 4]).right
+    right = ex.check("11.3", [6, 5, 4])
+    assert right.right and "llama-server 0c1e57098" in right.message  # kvlab's rule, and the real server's
     assert "restore fine" in ex.check("11.3", [1, 4, 5, 6]).message
     assert "misses 1 refused restore" in ex.check("11.3", [4, 6]).message
     assert "misses 2 refused restores" in ex.check("11.3", [4]).message

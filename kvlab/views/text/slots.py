@@ -23,18 +23,18 @@ def _place(event: Event) -> str:
 def _finish(event: Event) -> str:
     return (
         f"{event['request_id']} done: {event['n_generated']} sampled, "
-        f"slot {event['slot_id']} keeps {event['n_tokens']} tokens"
+        f"slot {event['slot_id']} keeps {event['n_tokens']:,} tokens"
     )
 
 
 @describes("slots.restore")
 def _restore(event: Event) -> str:
-    return f"slot {event['slot_id']} restored with {event['n_tokens']} tokens"
+    return f"slot {event['slot_id']} restored with {event['n_tokens']:,} tokens"
 
 
 @describes("slots.erase")
 def _erase(event: Event) -> str:
-    return f"slot {event['slot_id']} erased ({event['n_tokens']} tokens)"
+    return f"slot {event['slot_id']} erased ({event['n_tokens']:,} tokens)"
 
 
 @describes("slots.refuse")
