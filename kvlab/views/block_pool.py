@@ -1,7 +1,10 @@
 """Examples 2-5 and 7's view: the physical blocks of a paged pool as a grid, the block tables under it.
 
 A block is coloured by its status (in use, free but cached, free, never used,
-the null block); whatever the last operation did (hit, allocated, copied,
+the null block). A never-used block is on the free list like any other free block, so the subtitle
+counts it as free ("3 free (never used)") and the legend calls it "free, never used"; the legend
+lists only the statuses the pool's blocks have (in any frame of an animation), so "free, cached"
+appears only once a block is cached. Whatever the last operation did (hit, allocated, copied,
 evicted) is outlined or crossed in the grid and in the tables. A highlighted
 token shows vLLM's slot mapping, read from the snapshot
 (``BlockPoolState.translate``): logical block, offset, physical block, slot.
@@ -9,6 +12,10 @@ token shows vLLM's slot mapping, read from the snapshot
 The grid spans the figure's width, with the tables under it on the same cell
 width, so that each cell is wide enough for its label; cell labels are fitted
 for a figure ``LABEL_WIDTH`` px wide.
+
+Kept as one module: the grid, the tables, the marks, the legend and the layout all read one ``_Shape``
+and build one figure spec, and ``free_queue`` reuses its pieces; split, each part would only make sense
+beside the others.
 """
 
 from __future__ import annotations
@@ -37,10 +44,10 @@ from kvlab.views._common import (
     fit_label,
     label_room,
     legend_below_layout,
+    legend_entry,
     mark_trace,
     rect_path,
     status_heatmap,
-    status_legend,
     text_px,
     title_text,
     tokens_text,
@@ -55,6 +62,14 @@ Owners = list[tuple[str, int]]
 EDGE = 0.06
 #: px between the last block-table row and the legend under it.
 LEGEND_GAP = 16
+#: The legend's name for each block status: a never-used block is free too (it is on the free list).
+STATUS_LEGEND: dict[str, str] = {
+    "never used": "free, never used",
+    "in use": "in use",
+    "free, cached": "free, cached",
+    "free": "free",
+    "null": "null",
+}
 #: The legend's name for the highlighted token's slot: the same in every frame (the hover names the slot).
 SLOT_LABEL = "the chosen token's slot"
 
@@ -365,14 +380,49 @@ def _highlight_traces(
     return data, text
 
 
+def _free_text(counts: dict[str, int]) -> str:
+    """How many blocks are free, and which kinds where that is not plain: "3 free (never used)"."""
+    total = counts["free"] + counts["never used"] + counts["free, cached"]
+    kinds = [(counts["never used"], "never used"), (counts["free, cached"], "cached")]
+    named = [(n, word) for n, word in kinds if n]
+    if not named:
+        return f"{total:,} free"
+    if len(named) == 1 and named[0][0] == total:
+        return f"{total:,} free ({named[0][1]})"
+    return f"{total:,} free (" + ", ".join(f"{n:,} {word}" for n, word in named) + ")"
+
+
+def block_statuses(state: BlockPoolState) -> set[str]:
+    """The statuses the snapshot's blocks have: the ones its legend explains."""
+    return {b.status for b in state.blocks}
+
+
 def _subtitle(state: BlockPoolState, hl_text: str) -> str:
     counts = dict.fromkeys(theme.STATUSES, 0)
     for b in state.blocks:
         counts[b.status] += 1
-    sub = (f"{state.num_blocks} blocks of {state.block_size} slots: {counts['in use']} in use, "
-           f"{counts['free, cached']} free but cached, {counts['free']} free, {counts['never used']} never used"
-           f" · {plural(len(state.tables), 'block table')}")  # fmt: skip
+    sub = (f"{state.num_blocks:,} blocks of {state.block_size} slots: {counts['in use']:,} in use, "
+           f"{_free_text(counts)} · {plural(len(state.tables), 'block table')}")  # fmt: skip
     return sub + "<br>" + hl_text if hl_text else sub
+
+
+def _check_statuses(statuses: object) -> set[str]:
+    """``legend_statuses`` as a set of block statuses; anything else is refused."""
+    items = _plain_items(statuses) if not isinstance(statuses, (set, frozenset)) else list(statuses)
+    if items is None or not all(isinstance(s, str) and s in theme.STATUSES for s in items):
+        raise InvalidArgumentError(
+            f"legend_statuses must be a collection of block statuses {list(theme.STATUSES)}; got {brief(statuses)}"
+        )
+    return set(items)
+
+
+def _status_legend(statuses: Collection[str]) -> list[dict[str, Any]]:
+    """One swatch per block status, shown for the ``statuses`` given: every frame keeps all five traces."""
+    return [
+        legend_entry(STATUS_LEGEND[status], theme.STATUS_COLORS[status], group=f"status {status}",
+                     visible=status in statuses)
+        for status in theme.STATUSES
+    ]  # fmt: skip
 
 
 def _layout(
@@ -426,6 +476,7 @@ def block_pool_spec(
     table_cols: int = 0,
     label_px: float = 0,
     legend_marks: Collection[str] | None = None,
+    legend_statuses: Collection[str] | None = None,
     head_lines: int = 0,
     sub_lines: int = 0,
 ) -> Spec:
@@ -438,7 +489,8 @@ def block_pool_spec(
     for that many block tables and logical blocks, and ``label_px`` for
     table labels that wide, so that every frame of an animation has the same
     axes. ``legend_marks`` lists the marks the legend explains (default: those
-    this snapshot shows); a ``highlight`` is listed even in a snapshot that
+    this snapshot shows) and ``legend_statuses`` the block statuses (default:
+    those its blocks have); a ``highlight`` is listed even in a snapshot that
     cannot show it, so an animation's legend is the same in every frame.
     """
     check_state("state", state, BlockPoolState)
@@ -451,7 +503,8 @@ def block_pool_spec(
         hl = None
     shape = _shape(state, table_rows, table_cols, label_px)
     tables, where_in_tables = _tables_trace(state, shape)
-    data = [_grid_trace(state, shape), tables, *status_legend(state.null_block is not None)]
+    statuses = block_statuses(state) if legend_statuses is None else _check_statuses(legend_statuses)
+    data = [_grid_trace(state, shape), tables, *_status_legend(statuses)]
     data += _change_marks(state, shape, where_in_tables, shown)
     highlighted, hl_text = _highlight_traces(state, shape, hl, legend=highlight is not None)
     data += highlighted
@@ -486,4 +539,5 @@ def block_pool_hints(states: Sequence[BlockPoolState]) -> dict[str, Any]:
         "table_cols": max((len(t) for s in states for _, t in s.tables), default=0),
         "label_px": _label_px(labels),
         "legend_marks": set().union(*(block_pool_marks(s) for s in states)),
+        "legend_statuses": set().union(*(block_statuses(s) for s in states)),
     }

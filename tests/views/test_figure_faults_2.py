@@ -3,6 +3,9 @@
 - Block-pool animations (02-05): the legend lists the same entries in every frame (a highlight's
   entries too, before the token exists), so it never jumps; it sits clear of the last block-table row;
   the highlight's outline is not cut off at the plot's edge.
+- Block-pool vocabulary (02-05, 07): a never-used block is free, so the subtitle's free count is the
+  free list the notebooks print beside it ("3 free (never used)", never "0 free ... 3 never used"), and
+  the legend names only the statuses the pool's blocks have: no "free, cached" before notebook 07.
 - Captions: one arrow ("→") across the package, singular and plural nouns ("1 token", never
   "token(s)"), long block lists written as runs (an 88-block allocation filled notebook 03's title
   with ten lines of ids), thousands separators.
@@ -23,6 +26,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvlab.core.snapshots import Event
+from kvlab.errors import InvalidArgumentError
 from kvlab.lessons import ex01, ex02, ex03, ex04, ex05, ex07
 from kvlab.lessons.ex13 import example_13
 from kvlab.views import block_pool_animation, block_pool_figure, contiguous_figure
@@ -35,7 +39,7 @@ from kvlab.views.agents import (
     agent_turns_history,
     prompt_split_figure,
 )
-from kvlab.views.block_pool import SLOT_LABEL
+from kvlab.views.block_pool import SLOT_LABEL, block_pool_spec
 from kvlab.views.text import block_list, caption, captions, plural
 from kvlab.views.wrapping import title_lines
 
@@ -210,6 +214,60 @@ def test_subtitles_count_in_words_with_thousands_separators() -> None:
     assert "no slot free" in fig.layout.title.text and "gap(s)" not in fig.layout.title.text
     labels = next(t for t in fig.data if t.name == "labels").text
     assert "r1<br>1,200/2,048" in labels
+
+
+# ---------------------------------------------------------------------- free blocks, one vocabulary
+
+
+def subtitle_free_count(title: str) -> int:
+    match = re.search(r"in use, ([\d,]+) free", title)
+    assert match, title
+    return int(match.group(1).replace(",", ""))
+
+
+@pytest.mark.parametrize("notebook", ["02", "03", "04", "05", "07"])
+def test_the_subtitle_counts_every_block_on_the_free_list_as_free(notebook: str) -> None:
+    history, _ = block_pool_histories()[notebook]
+    for step in history.steps:
+        title = block_pool_figure(step.state).layout.title.text
+        assert subtitle_free_count(title) == len(step.state.free_queue), (notebook, title)
+
+
+def test_the_lessons_free_lists_read_the_same_in_the_figure() -> None:
+    last = ex02.example_2().history[-1].state
+    assert list(last.free_queue) == [5, 11, 3]
+    title = block_pool_figure(last).layout.title.text
+    assert "9 in use, 3 free (never used)" in title and "never used ·" not in title.replace(
+        "(never used)", ""
+    )
+    paged = ex03.example_3().paged.history
+    assert "38 free: it waits" in caption(paged.steps[-1])
+    assert "474 in use, 38 free (never used)" in block_pool_figure(paged[-1].state).layout.title.text
+
+
+@pytest.mark.parametrize("notebook", ["02", "03", "04", "05"])
+def test_no_cached_swatch_before_a_block_is_cached(notebook: str) -> None:
+    history, highlight = block_pool_histories()[notebook]
+    fig = block_pool_animation(history, highlight=highlight).to_dict()
+    names = legend_names(fig["data"])
+    assert "free, cached" not in names and "free, never used" in names and "in use" in names
+    assert "never used" not in names  # the swatch says the block is free
+
+
+def test_the_cached_swatch_appears_in_every_frame_once_a_block_is_cached() -> None:
+    history, _ = block_pool_histories()["07"]
+    assert any(b.status == "free, cached" for s in history.steps for b in s.state.blocks)
+    fig = block_pool_animation(history).to_dict()
+    assert all("free, cached" in legend_names(frame["data"]) for frame in fig["frames"])
+    first = history.steps[0].state  # nothing cached yet: a figure of it alone shows no cached swatch
+    assert "free, cached" not in legend_names(block_pool_figure(first).to_dict()["data"])
+
+
+@pytest.mark.parametrize("bad", ["in use", ["cached"], [1], {"free": 1}, 3])
+def test_legend_statuses_refuses_anything_but_block_statuses(bad: object) -> None:
+    state = ex02.example_2().history[-1].state
+    with pytest.raises(InvalidArgumentError):
+        block_pool_spec(state, legend_statuses=bad)
 
 
 # ---------------------------------------------------------------------- notebook 13's bars
