@@ -27,11 +27,10 @@ Two schemes give byte-exact digests:
 from __future__ import annotations
 
 import hashlib
+import marshal
 import pickle
 import struct
-import sys
-from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvlab.errors import (
@@ -123,86 +122,74 @@ _dumps = pickle.dumps
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
 
 
+def _blocks(tokens: Sequence[int], block_size: int) -> zip:
+    """The full blocks of ``tokens`` as tuples, cut at C speed (``zip`` drops a partial last block)."""
+    return zip(*[iter(tokens)] * block_size)  # noqa: B905 (a partial last block is dropped)
+
+
 def _chain(
     parent: bytes, tokens: Sequence[int], block_size: int, salt: str | None, scheme: str, first: bool = True
 ) -> list[bytes]:
     """The digests of ``tokens``' full blocks, chained from ``parent`` (arguments already checked).
 
     ``tokens`` start on a block boundary; ``first`` says their first block is block 0
-    of its sequence (the vLLM scheme salts only that one). One loop with everything
-    bound locally: the models, ``block_hashes`` and the fleet all hash through here,
-    so a block costs no more than in vLLM's own ``hash_block_tokens`` chain.
+    of its sequence (the vLLM scheme salts only that one). The blocks are cut by
+    ``zip`` and the chain runs in one comprehension with everything bound locally, so
+    a block costs one pickle (or pack) and one SHA-256, as in vLLM's ``hash_block_tokens``.
     """
     sha256 = _sha256
-    out: list[bytes] = []
-    add = out.append
-    stop = len(tokens) - block_size + 1
+    blocks = _blocks(tokens, block_size)
     if scheme == "lesson":
         pack = struct.Struct(f">{block_size}i").pack
         tail = b"" if salt is None else salt.encode("utf-8")
-        for at in range(0, stop, block_size):
-            parent = sha256(parent + pack(*tokens[at : at + block_size]) + tail).digest()
-            add(parent)
-        return out
-    if stop <= 0:
-        return out
+        return [parent := sha256(parent + pack(*block) + tail).digest() for block in blocks]
     dumps, protocol = _dumps, _PROTOCOL
-    keys = tokens if type(tokens) is tuple else tuple(tokens)  # a tuple's slices are the tuples vLLM pickles
-    begin = 0
+    out: list[bytes] = []
     if first and salt is not None:  # vLLM: the salt is block 0's extra key only
-        parent = sha256(dumps((parent, keys[:block_size], (("cache_salt", salt),)), protocol)).digest()
-        add(parent)
-        begin = block_size
-    for at in range(begin, stop, block_size):
-        parent = sha256(dumps((parent, keys[at : at + block_size], None), protocol)).digest()
-        add(parent)
+        block = next(blocks, None)
+        if block is None:
+            return out
+        parent = sha256(dumps((parent, block, (("cache_salt", salt),)), protocol)).digest()
+        out.append(parent)
+    out += [parent := sha256(dumps((parent, block, None), protocol)).digest() for block in blocks]
     return out
 
 
-def _chain_known(
-    parent: bytes,
-    tokens: Sequence[int],
-    block_size: int,
-    salt: str | None,
-    scheme: str,
-    first: bool,
-    known: dict[tuple, bytes],
-) -> tuple[list[bytes], list[tuple]]:
-    """``_chain`` that skips the digests ``known`` already holds; returns the digests and their keys.
+def key_digester(scheme: str, block_size: int) -> Callable[[tuple], bytes]:
+    """The digest of one block from its key ``(parent, block tokens, extra keys)`` (arguments already checked).
 
     A block's key is everything its digest depends on under one scheme: the parent's
-    digest, the block's token ids and its extra keys (the vLLM scheme's salt on block
-    0, the lesson scheme's salt on every block). ``known`` maps keys to digests (a
-    prefix cache keeps the keys of the blocks it holds), so a block already cached
-    costs a dictionary lookup instead of a pickle and a SHA-256, with the same digest.
+    digest, the block's token ids as a tuple and its extra keys (``block_key_extra``).
+    Under the vLLM scheme the key is exactly what vLLM's ``hash_block_tokens`` pickles, so
+    a prefix cache can look blocks up by key and hash only the ones it has never seen.
     """
     sha256 = _sha256
-    digests: list[bytes] = []
-    keys: list[tuple] = []
-    add, add_key, get = digests.append, keys.append, known.get
-    stop = len(tokens) - block_size + 1
-    if stop <= 0:
-        return digests, keys
-    ids = tokens if type(tokens) is tuple else tuple(tokens)
-    lesson = scheme == "lesson"
-    pack = struct.Struct(f">{block_size}i").pack if lesson else None
-    tail = b"" if salt is None else salt.encode("utf-8")
+    if scheme == "lesson":
+        pack = struct.Struct(f">{block_size}i").pack
+
+        def lesson_digest(key: tuple) -> bytes:
+            parent, block, salt = key
+            data = parent + pack(*block)
+            return sha256(data if salt is None else data + salt.encode("utf-8")).digest()
+
+        return lesson_digest
     dumps, protocol = _dumps, _PROTOCOL
-    extra = (("cache_salt", salt),) if (first and salt is not None) else None
-    for at in range(0, stop, block_size):
-        block = ids[at : at + block_size]
-        key = (parent, block, salt) if lesson else (parent, block, extra)
-        digest = get(key)
-        if digest is None:
-            if lesson:
-                digest = sha256(parent + pack(*block) + tail).digest()  # type: ignore[misc]
-            else:
-                digest = sha256(dumps(key, protocol)).digest()
-        add(digest)
-        add_key(key)
-        parent = digest
-        extra = None
-    return digests, keys
+
+    def vllm_digest(key: tuple) -> bytes:
+        return sha256(dumps(key, protocol)).digest()
+
+    return vllm_digest
+
+
+def block_key_extra(salt: str | None, scheme: str, first: bool) -> tuple[object, object]:
+    """The extra keys of a chain's first block and of every later one (arguments already checked).
+
+    The lesson scheme hashes the salt into every block; vLLM's puts ``(("cache_salt", salt),)``
+    into block 0 only (``first``: the chain starts at block 0) and ``None`` everywhere else.
+    """
+    if scheme == "lesson":
+        return salt, salt
+    return ((("cache_salt", salt),) if first and salt is not None else None), None
 
 
 def block_hashes(
@@ -211,40 +198,70 @@ def block_hashes(
     """One digest per full block of ``tokens``; a trailing partial block gets none.
 
     ``tokens`` are ids 0..MAX_TOKEN_ID, at most ``LIMITS.tokens`` of them; ``block_size`` is at
-    most ``LIMITS.block_size``.
+    most ``LIMITS.block_size``. Each argument is checked once, here; a plain list of ints is
+    checked at C speed (``plain_token_ids``) and hashed as it is, without a copy.
     """
-    toks = check_token_ids("tokens", tokens, allow_empty=True)
-    block_size = check_size("block_size", block_size, "block_size", minimum=1)
-    scheme = check_choice("scheme", scheme, SCHEMES, what="hash scheme")
-    salt = check_salt(salt)
-    return _chain(none_hash(scheme), toks, block_size, salt, scheme)
+    if not (type(tokens) in _SEQUENCES and plain_token_ids(tokens)):
+        tokens = check_token_ids("tokens", tokens, allow_empty=True)
+    if type(block_size) is not int or not 0 < block_size <= LIMITS.block_size:
+        block_size = check_size("block_size", block_size, "block_size", minimum=1)
+    if type(scheme) is not str or scheme not in SCHEMES:
+        scheme = check_choice("scheme", scheme, SCHEMES, what="hash scheme")
+    if salt is not None:
+        salt = check_salt(salt)
+    return _chain(
+        LESSON_NONE_HASH if scheme == "lesson" else VLLM_NONE_HASH, tokens, block_size, salt, scheme
+    )
 
 
 def check_token_ids(name: str, tokens: object, *, allow_empty: bool = False) -> list[int]:
     """``kvlab.errors.check_tokens`` with a fast path: a list or tuple of plain ints in range is checked at C speed.
 
-    The range test packs the ids as 32-bit signed ints (``array("i")`` refuses anything past
-    2**31 - 1 = MAX_TOKEN_ID) and looks for a sign bit among the packed bytes. Anything else
-    (numpy ints, bad values, the limits) goes through ``check_tokens``, which says what is wrong.
+    The fast path is ``plain_token_ids``; anything it does not vouch for (numpy ints, int
+    subclasses, bad values, the limits) goes through ``check_tokens``, which converts what it
+    accepts to plain ints and says what is wrong with what it refuses.
     """
-    if (
-        type(tokens) in (list, tuple)
-        and 0 < len(tokens) <= LIMITS.tokens  # type: ignore[arg-type]
-        and set(map(type, tokens)) == _JUST_INT  # type: ignore[call-overload]
-    ):
-        try:
-            packed = array("i", tokens)  # type: ignore[arg-type]
-        except OverflowError:
-            pass
-        else:
-            if packed.tobytes()[_SIGN_BYTES].isascii():  # no byte >= 0x80 where the sign bits are: all >= 0
-                return list(tokens)  # type: ignore[call-overload]
+    if type(tokens) in _SEQUENCES and plain_token_ids(tokens):
+        return list(tokens)  # type: ignore[call-overload]
     return check_tokens(name, tokens, allow_empty=allow_empty)
 
 
-_SIGN_BYTES = slice(3, None, 4) if sys.byteorder == "little" else slice(0, None, 4)
-assert array("i").itemsize == 4 and MAX_TOKEN_ID == 2**31 - 1, "the fast token check packs ids as int32"
-_JUST_INT = {int}
+def plain_token_ids(tokens: list[int] | tuple[int, ...]) -> bool:
+    """True when a list or tuple holds 1..``LIMITS.tokens`` plain ``int`` ids, each in 0..MAX_TOKEN_ID.
+
+    Two C-level passes do the work, no Python code per id: ``marshal`` (format version 2, which never shares
+    objects) writes a plain int in the signed 32-bit range as the byte ``i`` and 4
+    little-endian bytes, anything else otherwise (a bool as ``T``/``F``, a bigger int as
+    ``l``, an int subclass or numpy int not at all), so the ids are exactly what is asked
+    when the output is 5 bytes per id with ``i`` at every fifth byte and no sign bit set.
+    ``struct`` packs the ids as int32 first, which stops at the first item that is not an
+    integer (a nested list, a string) or is out of range, so ``marshal`` never copies a
+    nested structure or a huge int. False means "not vouched for", not "refused":
+    ``check_tokens`` then decides.
+    """
+    n = len(tokens)
+    if n <= _FEW:  # a few ids (a decode step): a plain loop costs less than the two passes' setup
+        for t in tokens:
+            if type(t) is not int or not 0 <= t <= MAX_TOKEN_ID:
+                return False
+        return 0 < n <= LIMITS.tokens
+    if n > LIMITS.tokens:
+        return False
+    try:
+        _pack(f"{n}i", *tokens)
+        packed = _marshal(tokens, 2)
+    except Exception:  # an item that is not an int32, or that marshal cannot write
+        return False
+    return len(packed) == 5 * n + 5 and packed[5::5] == b"i" * n and packed[9::5].isascii()
+
+
+_SEQUENCES = (list, tuple)
+_FEW = 24
+_marshal = marshal.dumps
+_pack = struct.pack
+_MARSHALLED = b"[\x02\x00\x00\x00i\x01\x00\x00\x00i\xff\xff\xff\x7f"
+assert _marshal([1, 2**31 - 1], 2) == _MARSHALLED, "the fast token check reads marshal's version 2"
+assert MAX_TOKEN_ID == 2**31 - 1, "the fast token check reads ids as int32"
 
 
 def short(digest: bytes, nbytes: int = 4) -> str:

@@ -65,9 +65,13 @@ Hash names such as the lesson's "a1" are a display matter
 
 Cost: each call costs what it brings or changes (its tokens' blocks and hashes), never
 the length of a request's table (results carry a ``BlockTableView`` of the append-only
-table) nor anything for the history unless recording. A prompt block already cached is
-hashed by one dictionary lookup of its key (parent hash, tokens, extra keys), with the
-digest vLLM's chain would compute; the digests are the same either way.
+table) nor anything for the history unless recording. Arguments are checked once, at the
+public methods (a prompt's token ids in one C-level pass, ``hashing.plain_token_ids``); the
+internals trust them. Blocks are cached under their key (parent hash, tokens, extra keys:
+what vLLM's ``hash_block_tokens`` pickles), so a prompt block already cached is found by
+one dictionary lookup and never hashed again, and only new blocks cost a pickle and a
+SHA-256; the digests are the ones vLLM's chain computes. A full block reads its tokens
+from its key's tuple, so a freed request's token list does not outlive it.
 
 Kept as one module (over 500 lines with its docstring): the cache's rules
 (lookup, touch, take-and-evict, cache, free) share one state and only make
@@ -76,11 +80,12 @@ sense together.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import islice
 
 from kvlab.core import hashing
-from kvlab.core.hashing import check_token_ids
+from kvlab.core.hashing import _blocks, check_token_ids
 from kvlab.core.snapshots import BlockPoolState, BlockState, Event, History
 from kvlab.errors import (
     DuplicateRequestError,
@@ -88,7 +93,6 @@ from kvlab.errors import (
     OutOfBlocksError,
     UnknownRequestError,
     brief,
-    cdiv,
     check_bool,
     check_choice,
     check_id,
@@ -169,11 +173,12 @@ class PrefixCache:
         self._none_hash = hashing.none_hash(hash_scheme)
         self._blocks = [Block(i) for i in range(num_blocks)]
         self._queue = self.free_queue_class(self._blocks)
-        self._cached: dict[bytes, dict[int, Block]] = {}
-        # the key (parent, tokens, extra) of every hash in the map, both ways: a prompt's block that is
-        # cached already is hashed by one lookup (hashing._chain_known), with the same digest
-        self._known: dict[tuple, bytes] = {}
-        self._key_of: dict[bytes, tuple] = {}
+        # blocks are cached under their key (parent hash, tokens, extra keys: hashing.key_digester), so a
+        # prompt block already cached is found by one lookup and never hashed again, with the same digest;
+        # a key holds one block, or (vLLM's BlockHashToBlockMap) a dict of them by id, oldest first
+        self._cached: dict[tuple, Block | dict[int, Block]] = {}
+        self._keys: list[tuple | None] = [None] * num_blocks  # each cached block's key
+        self._digest = hashing.key_digester(hash_scheme, block_size)
         self._requests: dict[str, _Request] = {}
         self.null_block: int | None = None
         if null_block:
@@ -221,7 +226,13 @@ class PrefixCache:
 
     def cached_blocks(self) -> dict[bytes, tuple[int, ...]]:
         """A copy of the hash map: each hash with the blocks cached under it, the one a hit returns first."""
-        return {h: tuple(holders) for h, holders in self._cached.items()}
+        out: dict[bytes, tuple[int, ...]] = {}
+        for entry in self._cached.values():
+            if type(entry) is Block:
+                out[entry.block_hash] = (entry.block_id,)  # type: ignore[index]
+            else:
+                out[_oldest(entry).block_hash] = tuple(entry)  # type: ignore[arg-type,index]
+        return out
 
     def lookup(self, tokens: Sequence[int], cache_salt: str | None = None) -> ProbeResult:
         """What ``tokens`` would hit as a new prompt; changes nothing and records no step.
@@ -242,10 +253,10 @@ class PrefixCache:
 
     def _probe(self, tokens: Sequence[int], cache_salt: str | None) -> tuple[ProbeResult, list[Block]]:
         toks = check_token_ids("tokens", tokens)
-        salt = _check_salt(cache_salt)
-        hashes, _ = self._hash(self._none_hash, toks, salt, True)
-        hits = self._lookup(hashes, len(toks))
-        return ProbeResult(len(toks), len(hits) * self.block_size, tuple([b.block_id for b in hits])), hits
+        salt = None if cache_salt is None else _check_salt(cache_salt)
+        bs = self.block_size
+        hits = self._hits(islice(_blocks(toks, bs), (len(toks) - 1) // bs), salt)[0]
+        return ProbeResult(len(toks), len(hits) * bs, tuple([b.block_id for b in hits])), hits
 
     # ------------------------------------------------------------------ operations
 
@@ -257,41 +268,37 @@ class PrefixCache:
         Raises OutOfBlocksError, having changed nothing, when the free queue
         cannot supply the new blocks plus the free blocks the hit takes out of it.
         """
-        request_id = self._check_new_id(request_id)
+        if type(request_id) is not str or not request_id or request_id in self._requests:
+            request_id = self._check_new_id(request_id)
         toks = check_token_ids("tokens", tokens)
-        salt = _check_salt(cache_salt)
+        salt = None if cache_salt is None else _check_salt(cache_salt)
         bs = self.block_size
-        hashes, keys = self._hash(self._none_hash, toks, salt, True)
-        hits = self._lookup(hashes, len(toks))
+        num_tokens = len(toks)
+        blocks = list(_blocks(toks, bs))  # the full blocks, as tuples
+        hits, parent, num_free_hits = self._hits(islice(blocks, (num_tokens - 1) // bs), salt)
         num_hits = len(hits)
-        num_new = cdiv(len(toks), bs) - num_hits
-        num_free_hits = 0
-        for block in hits:
-            if block.ref_count == 0:
-                num_free_hits += 1
-        if num_new + num_free_hits > len(self._queue):
+        num_new = -(-num_tokens // bs) - num_hits
+        queue = self._queue
+        if num_new + num_free_hits > len(queue):
             held = f" plus the {num_free_hits} free cached blocks it hits" if num_free_hits else ""
             raise OutOfBlocksError(
                 f"cannot allocate request {request_id!r}: it needs {num_new} new blocks{held}, "
-                f"but only {len(self._queue)} blocks are free; free a request or use a larger pool"
+                f"but only {len(queue)} blocks are free; free a request or use a larger pool"
             )
-        self._touch(hits)
-        new, evicted, evicted_hashes = self._take(num_new)
-        at = num_hits * bs
-        for block in new:
-            block.source = toks
-            block.start = at
-            at += bs
-            block.stop = at
+        hashes, keys = self._chain(parent, islice(blocks, num_hits, None), salt, not hits)
+        for block in hits:  # touch: a free hit leaves the queue
+            if block.ref_count == 0:
+                queue.remove(block)
+            block.ref_count += 1
+        new, new_ids, evicted, evicted_hashes = self._take(num_new, toks, num_hits * bs)
         hit_ids = [b.block_id for b in hits]
-        new_ids = [b.block_id for b in new]
         ids = hit_ids + new_ids
-        self._cache_blocks(new, hashes, keys, num_hits)
-        last = hashes[-1] if hashes else None
-        self._requests[request_id] = _Request(toks, ids, len(hashes), last, salt)
+        self._cache_blocks(new, hashes, keys)
+        last = hashes[-1] if hashes else parent if hits else None
+        self._requests[request_id] = _Request(toks, ids, len(blocks), last, salt)
         result = AllocationResult(
-            request_id, len(toks), len(toks), num_hits * bs, tuple(hit_ids), tuple(new_ids), tuple(evicted),
-            tuple(evicted_hashes), BlockTableView(ids, len(ids)),
+            request_id, num_tokens, num_tokens, num_hits * bs, tuple(hit_ids), tuple(new_ids), evicted,
+            evicted_hashes, BlockTableView(ids, len(ids)),
         )  # fmt: skip
         if self.history is not None:
             self._record(self._event("allocate", result), hits=hits, new=new, evicted=self._by_id(evicted))
@@ -304,40 +311,36 @@ class PrefixCache:
         Raises OutOfBlocksError, having changed nothing, when the pool cannot
         supply the blocks the new tokens need.
         """
-        req = self._request(request_id)
-        request_id = str.__str__(request_id)
+        req = self._requests.get(request_id) if type(request_id) is str else None
+        if req is None:
+            req = self._request(request_id)
+            request_id = str.__str__(request_id)
         toks = check_token_ids("tokens", tokens)
         bs = self.block_size
-        start = len(req.tokens)
-        total = start + len(toks)
-        num_new = cdiv(total, bs) - len(req.ids)
+        req_tokens = req.tokens
+        total = len(req_tokens) + len(toks)
+        ids = req.ids
+        num_new = -(-total // bs) - len(ids)
         if num_new > len(self._queue):
             raise OutOfBlocksError(
                 f"cannot append {len(toks)} tokens to request {request_id!r}: they need {num_new} new blocks, "
                 f"but only {len(self._queue)} are free; free a request or use a larger pool"
             )
-        new, evicted, evicted_hashes = self._take(num_new)
-        req_tokens = req.tokens
+        new, new_ids, evicted, evicted_hashes = self._take(num_new, req_tokens, len(ids) * bs)
         req_tokens.extend(toks)  # the last block, if partial, reads its new tokens from here
-        ids = req.ids
-        at = len(ids) * bs
-        for block in new:
-            block.source = req_tokens
-            block.start = at
-            at += bs
-            block.stop = at
-        new_ids = [b.block_id for b in new]
         ids.extend(new_ids)
         done, full = req.num_hashed, total // bs
         if full > done:
             parent = self._none_hash if req.last_hash is None else req.last_hash
-            hashes, keys = self._hash(parent, req_tokens[done * bs : full * bs], req.salt, done == 0)
-            self._cache_blocks([self._blocks[i] for i in ids[done:full]], hashes, keys, 0)
+            hashes, keys = self._chain(
+                parent, _blocks(req_tokens[done * bs : full * bs], bs), req.salt, done == 0
+            )
+            blocks = self._blocks
+            self._cache_blocks([blocks[i] for i in ids[done:full]], hashes, keys)
             req.num_hashed = full
             req.last_hash = hashes[-1]
-        ids = req.ids
         result = AllocationResult(
-            request_id, total, len(toks), 0, (), tuple(new_ids), tuple(evicted), tuple(evicted_hashes),
+            request_id, total, len(toks), 0, (), tuple(new_ids), evicted, evicted_hashes,
             BlockTableView(ids, len(ids)),
         )  # fmt: skip
         if self.history is not None:
@@ -346,25 +349,32 @@ class PrefixCache:
 
     def free(self, request_id: str) -> FreeResult:
         """Finish a request: release its blocks in reverse table order (hashed to the back, others to the front)."""
-        req = self._request(request_id)
-        request_id = str.__str__(request_id)
+        req = self._requests.get(request_id) if type(request_id) is str else None
+        if req is None:
+            req = self._request(request_id)
+            request_id = str.__str__(request_id)
         del self._requests[request_id]
-        unhashed: list[Block] = []
-        hashed: list[Block] = []
+        unhashed: list[Block] = []  # the partial last block: to the front, it can never be hit
+        hashed: list[Block] = []  # to the back, tail first, so a chain's head is evicted last
+        to_front, to_back = unhashed.append, hashed.append
         blocks = self._blocks
-        for block_id in reversed(req.ids):  # a table never holds one block twice
+        ids = req.ids
+        for block_id in reversed(ids):  # a table never holds one block twice
             block = blocks[block_id]
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                (unhashed if block.block_hash is None else hashed).append(block)
+            left = block.ref_count - 1
+            block.ref_count = left
+            if not left:
+                if block.block_hash is None:
+                    to_front(block)
+                else:
+                    to_back(block)
         self._queue._prepend_n(unhashed)
         self._queue._append_n(hashed)
-        to_front = [b.block_id for b in unhashed]
-        to_back = [b.block_id for b in hashed]
-        result = FreeResult(request_id, tuple(req.ids), tuple(to_front + to_back))
+        result = FreeResult(request_id, tuple(ids), tuple([b.block_id for b in unhashed + hashed]))
         if self.history is not None:
+            front = result.released[: len(unhashed)]
             event = Event.of("prefix_cache.free", request_id=request_id, block_table=result.block_table,
-                             to_front=tuple(to_front), to_back=tuple(to_back))  # fmt: skip
+                             to_front=front, to_back=result.released[len(unhashed) :])  # fmt: skip
             self._record(event)
         return result
 
@@ -403,72 +413,119 @@ class PrefixCache:
 
     # ------------------------------------------------------------------ internals
 
-    def _lookup(self, hashes: list[bytes], num_tokens: int) -> list[Block]:
-        """The longest run of cached blocks from the start, capped so the last prompt token is computed."""
+    def _hits(self, blocks: Iterable[tuple[int, ...]], salt: str | None) -> tuple[list[Block], bytes, int]:
+        """The cached run of a prompt's first full ``blocks``: the oldest block under each, stopping at a miss.
+
+        Returns the hit blocks, the last one's hash (the chain goes on from it) and how
+        many hits are free (taking them out of the queue uses up free capacity). Blocks
+        are found by key, so a hit costs one lookup and no SHA-256.
+        """
+        cached = self._cached
+        parent = self._none_hash
+        extra, later = hashing.block_key_extra(salt, self.hash_scheme, True)
         hits: list[Block] = []
         add = hits.append
-        cached = self._cached
-        for i in range(min(len(hashes), (num_tokens - 1) // self.block_size)):
-            holders = cached.get(hashes[i])
-            if holders is None:  # a hash whose last block was evicted leaves the map
+        num_free = 0
+        for block in blocks:
+            oldest = cached.get((parent, block, extra))
+            if oldest is None:  # a key whose last block was evicted leaves the map
                 break
-            for block in holders.values():  # the oldest block cached under the hash
-                add(block)
-                break
-        return hits
+            if type(oldest) is not Block:
+                oldest = _oldest(oldest)  # type: ignore[arg-type]
+            add(oldest)  # type: ignore[arg-type]
+            if oldest.ref_count == 0:  # type: ignore[union-attr]
+                num_free += 1
+            parent = oldest.block_hash  # type: ignore[assignment,union-attr]
+            extra = later
+        return hits, parent, num_free
 
-    def _touch(self, hits: list[Block]) -> None:
-        for block in hits:
-            if block.ref_count == 0:
-                self._queue.remove(block)
-            block.ref_count += 1
+    def _chain(
+        self, parent: bytes, blocks: Iterable[tuple[int, ...]], salt: str | None, first: bool
+    ) -> tuple[list[bytes], list[tuple]]:
+        """The chained hashes of full ``blocks`` from ``parent``, with their keys.
 
-    def _take(self, n: int) -> tuple[list[Block], list[int], list[bytes]]:
-        """Pop ``n`` blocks from the front; evict the cached content of those that had a hash.
-
-        Returns the blocks, then the ids and hashes of the evicted ones, in the order they were taken.
+        ``first``: the blocks start at block 0. A block whose key is cached already takes
+        the digest of the blocks under it; only the others are hashed.
         """
+        cached, digest_of = self._cached, self._digest
+        extra, later = hashing.block_key_extra(salt, self.hash_scheme, first)
+        hashes: list[bytes] = []
+        keys: list[tuple] = []
+        for block in blocks:
+            key = (parent, block, extra)
+            entry = cached.get(key)
+            if entry is None:
+                parent = digest_of(key)
+            else:
+                parent = (entry if type(entry) is Block else _oldest(entry)).block_hash  # type: ignore[arg-type,assignment]
+            hashes.append(parent)
+            keys.append(key)
+            extra = later
+        return hashes, keys
+
+    def _take(
+        self, n: int, source: list[int], start: int
+    ) -> tuple[list[Block], list[int], tuple[int, ...], tuple[bytes, ...]]:
+        """Pop ``n`` blocks from the front for the tokens ``source[start:]``; evict the content of those with a hash.
+
+        Returns the blocks and their ids, then the ids and hashes of the evicted ones, in
+        the order they were taken. Block ``i`` reads its tokens from ``source``, block ``i``
+        of the tokens from ``start`` on (the list only grows, so nothing is copied).
+        """
+        if not n:
+            return [], [], (), ()
         new = self._queue._popleft_n(n)
+        new_ids: list[int] = []
         evicted: list[int] = []
         evicted_hashes: list[bytes] = []
-        cached = self._cached
+        cached, keys_of = self._cached, self._keys
+        bs = self.block_size
         for block in new:
+            block_id = block.block_id
             h = block.block_hash
             if h is not None:
-                holders = cached[h]
-                del holders[block.block_id]
-                if not holders:
-                    del cached[h]
-                    del self._known[self._key_of.pop(h)]
+                key = keys_of[block_id]
+                entry = cached[key]  # type: ignore[index]
+                if type(entry) is Block:
+                    del cached[key]  # type: ignore[arg-type]
+                else:
+                    del entry[block_id]  # type: ignore[union-attr]
+                    if not entry:
+                        del cached[key]  # type: ignore[arg-type]
+                keys_of[block_id] = None
                 block.block_hash = None
-                evicted.append(block.block_id)
+                evicted.append(block_id)
                 evicted_hashes.append(h)
             block.ref_count = 1
             block.ever_used = True
-        return new, evicted, evicted_hashes
+            block.source = source
+            block.start = start
+            start += bs
+            block.stop = start
+            new_ids.append(block_id)
+        return new, new_ids, tuple(evicted), tuple(evicted_hashes)
 
-    def _hash(
-        self, parent: bytes, tokens: list[int], salt: str | None, first: bool
-    ) -> tuple[list[bytes], list[tuple]]:
-        """The chained hashes of ``tokens``' full blocks (and their keys), reusing those of cached blocks."""
-        return hashing._chain_known(
-            parent, tokens, self.block_size, salt, self.hash_scheme, first, self._known
-        )
+    def _cache_blocks(self, blocks: list[Block], hashes: list[bytes], keys: list[tuple]) -> None:
+        """Cache full blocks: ``blocks[i]`` under ``keys[i]`` (digest ``hashes[i]``) for every hash.
 
-    def _cache_blocks(self, blocks: list[Block], hashes: list[bytes], keys: list[tuple], start: int) -> None:
-        """Cache full blocks: ``blocks[i - start]`` under ``hashes[i]`` (key ``keys[i]``) for every ``i`` from ``start``."""
-        cached = self._cached
-        for i in range(start, len(hashes)):
-            block = blocks[i - start]
-            h = hashes[i]
+        A full block then reads its tokens from its key's tuple, so a request's token list lives
+        only as long as the request and its partial last block.
+        """
+        cached, keys_of, bs = self._cached, self._keys, self.block_size
+        for block, h, key in zip(blocks, hashes, keys):  # noqa: B905 (blocks may end with a partial one)
             block.block_hash = h
-            holders = cached.get(h)
-            if holders is None:
-                cached[h] = {block.block_id: block}
-                self._known[keys[i]] = h
-                self._key_of[h] = keys[i]
+            block.source = key[1]  # a full block reads its tokens from its key: the request's list can go
+            block.start = 0
+            block.stop = bs
+            block_id = block.block_id
+            keys_of[block_id] = key
+            entry = cached.get(key)
+            if entry is None:
+                cached[key] = block
+            elif type(entry) is Block:
+                cached[key] = {entry.block_id: entry, block_id: block}  # no de-duplication, as in vLLM
             else:
-                holders[block.block_id] = block  # no de-duplication, as in vLLM
+                entry[block_id] = block  # type: ignore[index]
 
     def _by_id(self, block_ids: list[int]) -> list[Block]:
         return [self._blocks[i] for i in block_ids]
@@ -529,6 +586,13 @@ class PrefixCache:
                 f"block_id {block_id} is out of range: the pool has {len(self._blocks)} blocks"
             )
         return self._blocks[block_id]
+
+
+def _oldest(holders: dict[int, Block]) -> Block:
+    """The block a lookup returns among those cached under one key: the oldest (first inserted)."""
+    for block in holders.values():
+        return block
+    raise AssertionError("an entry of the map is never empty")
 
 
 # ---------------------------------------------------------------------- validation helpers

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import enum
+
+import numpy as np
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from kvlab.core.hashing import block_hashes
+from kvlab.core.hashing import block_hashes, check_token_ids, plain_token_ids
 from kvlab.errors import (
+    MAX_TOKEN_ID,
     DuplicateRequestError,
     InvalidArgumentError,
     OutOfBlocksError,
     UnknownRequestError,
+    check_tokens,
+    raised_limits,
 )
 from kvlab.lessons.ex07 import HashLabels, example_7
 from kvlab.models.prefix_cache import PrefixCache
@@ -538,3 +544,76 @@ def test_blocks_hashed_again_from_the_cache_keep_the_digests_of_the_chain(scheme
     digests = [cache.block_hash(b) for b in cache.block_table("B")]
     assert again.hit_block_ids == (0, 1, 2)
     assert digests == block_hashes(prompt + [9, 9, 9, 9, 2, 2, 2], 4, salt="t1", scheme=scheme)
+
+
+# ---------------------------------------------------------------------- the token check at the entry
+
+
+class _Token(enum.IntEnum):
+    SEVEN = 7
+
+
+_ids = st.one_of(
+    st.integers(0, 300),
+    st.integers(0, MAX_TOKEN_ID),
+    st.sampled_from([0, 255, 256, 65535, 65536, MAX_TOKEN_ID]),
+)
+_odd_ids = st.one_of(
+    st.sampled_from(
+        [-1, MAX_TOKEN_ID + 1, 2**63, 10**400, True, False, 1.0, _Token.SEVEN, None, "1", [1], (1,)]
+    ),
+    st.builds(np.int64, st.integers(0, 9)),
+    st.builds(np.bool_, st.booleans()),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(_ids, _odd_ids), max_size=60), st.booleans())
+def test_the_fast_token_check_decides_as_check_tokens_does(tokens, as_tuple):
+    """Plain lists take the C-level path; every list gets check_tokens' answer, as plain ints."""
+    value = tuple(tokens) if as_tuple else tokens
+    try:
+        expected = check_tokens("tokens", value)
+    except InvalidArgumentError:
+        with pytest.raises(InvalidArgumentError):
+            check_token_ids("tokens", value)
+        assert not plain_token_ids(value)
+        return
+    got = check_token_ids("tokens", value)
+    assert got == expected and all(type(t) is int for t in got)
+    assert plain_token_ids(value) == all(type(t) is int for t in tokens)
+
+
+@pytest.mark.parametrize("size", [1, 24, 25, 1000])
+def test_the_fast_token_check_vouches_for_plain_lists_of_every_size(size):
+    tokens = [(i * 7919) % (MAX_TOKEN_ID + 1) for i in range(size)] + [MAX_TOKEN_ID]
+    assert plain_token_ids(tokens) and plain_token_ids(tuple(tokens))
+    for bad in (-1, MAX_TOKEN_ID + 1, True, _Token.SEVEN, np.int64(3), 2.0):
+        assert not plain_token_ids(tokens[:-1] + [bad])
+    with raised_limits(tokens=size + 1):
+        assert plain_token_ids(tokens) and not plain_token_ids(tokens + [0])
+
+
+def test_shared_nested_items_are_refused_without_copying_them():
+    big = [0] * 100_000
+    with pytest.raises(InvalidArgumentError):
+        PrefixCache(8, 4).allocate("A", [1] * 30 + [big] * 1000)  # marshal would copy 10**8 items
+    with pytest.raises(InvalidArgumentError):
+        PrefixCache(8, 4).allocate("A", [1] * 30 + [10**100_000] * 1000)
+
+
+def test_full_blocks_keep_their_tokens_once_the_request_is_gone():
+    cache = PrefixCache(16, 4, hash_scheme="vllm")
+    prompt = [5, 6, 7, 8, 9, 10, 11, 12, 13]
+    cache.allocate("A", prompt)
+    cache.append("A", [14, 15, 16, 17])
+    cache.free("A")
+    assert [b.tokens for b in cache.snapshot().blocks[:4]] == [
+        (5, 6, 7, 8),
+        (9, 10, 11, 12),
+        (13, 14, 15, 16),
+        (17,),
+    ]
+    again = cache.allocate("B", prompt + [14, 15, 16, 99])  # 3 full blocks hit (the cap leaves the last one)
+    assert again.hit_block_ids == (0, 1, 2) and cache.block_table("B")[:3] == (0, 1, 2)
+    assert cache.cached_blocks() == {cache.block_hash(b): (b,) for b in (0, 1, 2)}
