@@ -2,11 +2,12 @@
 
 SOLUTIONS = {
     "16.1": """\
-# Turn 1 left its 132-token prompt and its 13-token reply but the reply's last token in the cache:
-# 144 tokens. Turn 2 repeats all of them before its new question, so all 9 of those whole 16-token
-# blocks are reused.
-prediction = 144
-check("16.1", prediction)
+# A prediction earns its points for being made before the reveal. Reasoning for one: turn 1 left its
+# 132-token prompt and its 13-token reply but the reply's last token in the cache: 144 tokens. Turn 2
+# repeats all of them before its new question, so all 9 of those whole 16-token blocks are reused
+# (the last-token cap, (162 - 1) // 16 blocks = 160 tokens, is not what limits it).
+answer = 144
+predict("16.1", answer)
 """,
     "16.2": """\
 # Consecutive prompts first differ at token 21 or 22 (the timestamp's minutes), inside the second block, so each

@@ -23,12 +23,13 @@ A *prediction* exercise (registered with ``predicts=Prediction(...)``) asks for
 a guess before a cell shows the real value: ``predict(id, answer)`` records the
 guess (the log keeps it, and whether it came before the reveal), and
 ``reveal(id, value)`` shows it beside kvlab's value, with what to reread when
-it is off. Its checker only refuses what is not a prediction (a percentage of
+it is off (and the likely slip, when the exercise names one: ``Prediction.slip``). An accepted guess
+keeps the status "right" but is shown as "recorded" with a neutral mark (``RecordedGuess``). Its checker only refuses what is not a prediction (a percentage of
 140, a choice that does not exist), so a guess earns its points for being made
 before the reveal, never for being right: there is nothing to gain by editing
 it afterwards, and the exercises that follow it are graded for correctness.
 
-Kept as one module (about 700 lines): registering, converting, checking,
+Kept as one module (about 730 lines): registering, converting, checking,
 predicting and revealing share the one registry, the one conversion of an
 answer and the per-kernel state (hints seen, predictions made, values
 revealed); split, each part would reach into the others' internals.
@@ -155,6 +156,8 @@ class Prediction:
     within: float = 0.0  # a number guess this close to the value is on the mark (a choice must be equal)
     unit: str = ""  # printed after numbers, e.g. "%"
     digits: int = 1  # decimals a float is shown with
+    slip: Callable[[Any, Any], str | None] | None = field(default=None, compare=False)
+    """For an off guess: ``slip(guess, value)`` names the likely slip behind it (None: only "reread")."""
 
 
 @dataclass(frozen=True)
@@ -303,6 +306,8 @@ def _check_prediction(exercise_id: str, answer_type: str, predicts: object) -> N
         raise InvalidArgumentError(f"exercise {exercise_id}: Prediction.within must be a number >= 0")
     if not isinstance(predicts.unit, str) or len(predicts.unit) > 12:
         raise InvalidArgumentError(f"exercise {exercise_id}: Prediction.unit must be a short string")
+    if predicts.slip is not None and not callable(predicts.slip):
+        raise InvalidArgumentError(f"exercise {exercise_id}: Prediction.slip must be a function or None")
     if (
         isinstance(predicts.digits, bool)
         or not isinstance(predicts.digits, int)
@@ -524,15 +529,15 @@ def check(exercise_id: str, answer: Any) -> Result:
     return _show(ex, evaluate(ex, answer))
 
 
-def _show(ex: Exercise, verdict: Verdict, **logged: Any) -> Result:
-    """The verdict as a ``Result`` with its hint (a counted try reveals the next), logged and shown."""
+def _show(ex: Exercise, verdict: Verdict, kind: type[Result] = Result, **logged: Any) -> Result:
+    """The verdict as a ``kind`` of ``Result`` with its hint (a counted try reveals the next), logged and shown."""
     hint = None
     if verdict.status == NOT_YET:
         tries = _attempts.get(ex.id, 0)
         if verdict.counts:
             _attempts[ex.id] = tries + 1
         hint = ex.hints[min(tries, len(ex.hints) - 1)]
-    result = Result(ex.id, ex.title, verdict.status, verdict.message, hint)
+    result = kind(ex.id, ex.title, verdict.status, verdict.message, hint)
     log_event({"id": ex.id, "status": verdict.status, "message": verdict.message, **logged})
     result.show()
     return result
@@ -588,7 +593,26 @@ def predict(exercise_id: str, answer: Any) -> Result:
     if verdict.status == RIGHT:
         _predictions[ex.id] = guess
     recorded = guess if verdict.status == RIGHT else None
-    return _show(ex, verdict, prediction=recorded, before_reveal=before)
+    return _show(ex, verdict, RecordedGuess, prediction=recorded, before_reveal=before)
+
+
+class RecordedGuess(Result):
+    """What ``predict`` shows. An accepted guess keeps the status "right" (it earns its points) but is shown
+    with a neutral mark as "recorded": a guess is not yet known to be right, and must not look it."""
+
+    def text(self) -> str:
+        if self.status != RIGHT:
+            return super().text()
+        return f"• {self.exercise_id} {self.title}: recorded. {self.message}".rstrip()
+
+    def _repr_html_(self) -> str:
+        if self.status != RIGHT:
+            return super()._repr_html_()
+        return (
+            "<div style='border-left:4px solid #0969da;padding:4px 10px;margin:4px 0'>"
+            f"<b style='color:#0969da'>&#9679; Prediction recorded</b> &middot; {html.escape(self.exercise_id)} "
+            f"{html.escape(self.title)}<div>{html.escape(self.message)}</div></div>"
+        )
 
 
 @dataclass
@@ -604,6 +628,7 @@ class Reveal:
     text_prediction: str
     reread: str
     within: str
+    slip: str = ""  # for an off guess: the likely slip behind it, when the exercise names one
     _shown: bool = field(default=False, repr=False, compare=False)
 
     def remark(self) -> str:
@@ -616,7 +641,8 @@ class Reveal:
             )
         if self.on_mark:
             return f"Your prediction, {self.text_prediction}, is on the mark{self.within}."
-        return f"Your prediction was {self.text_prediction}: off. Reread {self.reread}, then say why."
+        slip = f" {self.slip}" if self.slip else ""
+        return f"Your prediction was {self.text_prediction}: off.{slip} Reread {self.reread}, then say why."
 
     def text(self) -> str:
         return f"{self.exercise_id} {self.title}: kvlab gives {self.text_value}. {self.remark()}"
@@ -664,6 +690,17 @@ def _on_mark(answer_type: str, guess: Any, value: Any, p: Prediction) -> bool:
     return guess == value
 
 
+def _slip(p: Prediction, guess: Any, value: Any) -> str:
+    """What the exercise's ``slip`` says about an off guess ("" when it has none or fails)."""
+    if p.slip is None:
+        return ""
+    try:
+        said = p.slip(guess, value)
+    except Exception:  # the exercise's own helper: a fault in it must not hide the reveal
+        return ""
+    return said if isinstance(said, str) else ""
+
+
 def reveal(exercise_id: str, value: Any) -> Reveal:
     """Show kvlab's ``value`` for prediction exercise ``exercise_id`` beside the guess recorded before it.
 
@@ -686,8 +723,9 @@ def reveal(exercise_id: str, value: Any) -> Reveal:
     on_mark = None if guess is None else _on_mark(ex.answer_type, guess, value, p)
     unit = " points" if p.unit == "%" else p.unit  # a percentage's distance is in percentage points
     within = f" (within {p.within:g}{unit} of it)" if p.within and ex.answer_type in ("int", "number") else ""
+    slip = _slip(p, guess, value) if on_mark is False else ""
     shown = Reveal(ex.id, ex.title, guess, value, on_mark, _shown_value(value, p),
-                   "none" if guess is None else _shown_value(guess, p), p.reread, within)  # fmt: skip
+                   "none" if guess is None else _shown_value(guess, p), p.reread, within, slip)  # fmt: skip
     log_event({"reveal": ex.id, "prediction": guess, "value": value, "on_mark": on_mark})
     shown.show()
     return shown

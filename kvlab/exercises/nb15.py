@@ -27,6 +27,12 @@ def _traffic() -> ChatTraffic:
 
 
 @cache
+def _small_traffic() -> ChatTraffic:
+    """The notebook's 50-user fleet (the sweep's and the routing section's traffic)."""
+    return chat_traffic(users=50)
+
+
+@cache
 def _prefill(config: FleetConfig) -> int:
     """Prompt tokens one scenario of the lesson's fleet prefills (cached: checks may be repeated)."""
     return simulate(config, traffic=_traffic()).prefill_tokens
@@ -57,7 +63,7 @@ def _prefill(config: FleetConfig) -> int:
 def timestamp_prediction(answer: float) -> str:
     if not 0 <= answer <= 100:
         raise NotYet(f"{answer} is not a percentage: a hit rate lies between 0 and 100%.")
-    return f"Prediction recorded: {answer:g}%. Now run the reveal cell below it."
+    return f"Your guess, {answer:g}%, is kept: run the reveal cell below to see it beside kvlab's figure."
 
 
 def _salt_split() -> tuple[int, int, int]:
@@ -83,8 +89,8 @@ def _salt_split() -> tuple[int, int, int]:
     hints=[
         "Without a salt the 1,200-token system prompt is computed once for the whole fleet. With a salt "
         "per tenant, how many times? Only the extra times count.",
-        "With 10 tenants the prompt is computed 10 times instead of once: 9 extra computations of 1,200 "
-        "tokens. The rest of the extra prefill is conversation history the 10 copies pushed out.",
+        "Count the system prompt's computations with a salt per tenant against without one; only the "
+        "difference is the first part. The rest of the extra prefill is history the extra copies pushed out.",
     ],
 )
 def salt_split(answer: list[Any]) -> str:
@@ -175,14 +181,13 @@ def lands_with_history(function: Any, cases: list[tuple[list[int], int]]) -> str
                 f"For users {users} on {replicas} replicas, request {wrong} (user {users[wrong]}) should "
                 f"be {want[wrong]}."
             )
-    traffic = _traffic()
-    order = [r.user for r in traffic.requests]
-    later = [hit for hit, turn in zip(_lands_with_history(order, 4), _turns(order), strict=True) if turn > 0]
+    order = [r.user for r in _small_traffic().requests]
+    later = [hit for hit, turn in zip(_lands_with_history(order, 2), _turns(order), strict=True) if turn > 0]
     share = sum(later) / len(later)
     return (
-        f"On the lesson's traffic with 4 replicas, {share:.1%} of the later turns reach the replica that "
-        "served the user's previous turn; the others find only the system prompt (or an older turn) "
-        "there. A sticky user hash sends every later turn home."
+        f"On the notebook's 50-user fleet with 2 replicas, {share:.1%} of the later turns reach the replica "
+        "that served the user's previous turn (the figure in 'Replicas and routing'); the others find only "
+        "the system prompt (or an older turn) there. A sticky user hash sends every later turn home."
     )
 
 

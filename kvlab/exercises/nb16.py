@@ -1,8 +1,9 @@
 """Exercises of notebook 16, your own server and traffic (the capstone).
 
-Every exercise asks for a prediction first or checks a design against kvlab's models: the trace
-prediction comes from ``kvlab.traces`` on the recorded two-tenant chat, the prices and hit rates from
-``kvlab.lessons.capstone``; nothing here states an answer. The function exercises (16.3, 16.4) are
+16.1 is a prediction (graded for being made before the notebook reveals the server's count; an off
+guess is told the likely slip, from the recorded two-tenant chat's sizes); 16.2 is a prediction
+checked for being right; the prices and hit rates come from ``kvlab.lessons.capstone``; nothing here
+states an answer. The function exercises (16.3, 16.4) are
 re-run by the grader on sessions and traffic drawn for each grading run.
 """
 
@@ -12,19 +13,46 @@ import functools
 import random
 from typing import Any
 
-from kvlab.exercises.core import NotYet, call, exercise, whole
+from kvlab.exercises.core import NotYet, Prediction, call, exercise, whole
 from kvlab.lessons import capstone
-from kvlab.traces import predict_trace, read_trace
+from kvlab.traces import read_trace
 
 COST_FACTOR = 0.8  # 16.3: at most this share of append-only's cost
 ROUTER_TOLERANCE = 0.05  # 16.4: a hit rate this far under user-hash's still counts
 LOAD_BOUND = 1.10  # 16.4: the busiest replica's requests over the mean
 
 
+@functools.lru_cache(maxsize=1)
+def _sample_sizes() -> tuple[int, int, int]:
+    """(turn 1's prompt tokens, turn 1's reply tokens, turn 2's prompt tokens) of the recorded chat."""
+    trace = read_trace(capstone.sample_trace_path())
+    first, second = trace.exchanges[0], trace.exchanges[1]
+    return len(first.prompt), len(first.output), len(second.prompt)
+
+
+def _cached_tokens_slip(guess: Any, value: Any) -> str | None:
+    """What an off guess of alice's second turn most likely counted instead."""
+    prompt1, reply1, prompt2 = _sample_sizes()
+    cap = (prompt2 - 1) // 16 * 16
+    if guess == cap != value:
+        return (
+            f"{cap} is turn 2's last-token cap: the most any {prompt2}-token prompt could hit "
+            f"(({prompt2} - 1) // 16 whole blocks), not the length it shares with what turn 1 left."
+        )
+    if guess == prompt1 // 16 * 16 != value:
+        return "That counts turn 1's prompt only; its reply (but its last token) was cached too."
+    if guess in (prompt2, prompt2 - 1):
+        return "Not all of turn 2: its new question was never sent before, and its last token always runs."
+    if guess % 16:
+        return "vLLM reuses whole 16-token blocks: the count is a multiple of 16."
+    return None
+
+
 @exercise(
     "16.1",
     title="Predict a server's cached tokens, then reveal",
-    assesses="predicting vLLM's cached_tokens from a trace: the shared prefix, in whole blocks, at most prompt - 1",
+    assesses="predicting vLLM's cached_tokens from a trace: the shared prefix, in whole blocks, at most prompt - 1 "
+    "(graded for being made before the reveal)",
     minutes=8,
     answer_type="int",
     points=2,
@@ -32,24 +60,21 @@ LOAD_BOUND = 1.10  # 16.4: the busiest replica's requests over the mean
     prerequisites=["06.1"],
     hints=[
         "The cache holds turn 1's prompt and its reply but the reply's last token; turn 2 starts with all of it.",
-        "Count the tokens turn 2 shares with what turn 1 left cached, then round down to whole 16-token blocks.",
+        "Any whole number of tokens from 0 to turn 2's prompt length is a prediction; the reveal shows the "
+        "server's count beside it.",
     ],
+    predicts=Prediction(
+        reread="Exercise 16.1's question: what turn 1 left cached, how much of it turn 2 repeats, in whole "
+        "16-token blocks",
+        unit=" tokens",
+        slip=_cached_tokens_slip,
+    ),
 )
 def trace_prediction(answer: int) -> str:
-    trace = read_trace(capstone.sample_trace_path())
-    report = predict_trace(trace, server="vllm", block_size=16, num_blocks=64)
-    row = report.rows[1]
-    expected = row.predicted["cached_tokens"]
-    if answer == expected:
-        return f"{expected} tokens: {row.explanation}"
-    first = trace.exchanges[0]
-    if answer == len(first.prompt) // 16 * 16:
-        raise NotYet("That counts turn 1's prompt only; its reply (but its last token) was cached too.")
-    if answer == (len(first.prompt) + len(first.output)) // 16 * 16 != expected:
-        raise NotYet("Nearly: the reply's last token never entered the cache (no step computed its K/V).")
-    if answer % 16:
-        raise NotYet("vLLM reuses whole 16-token blocks: the answer is a multiple of 16.")
-    raise NotYet(f"{answer} is not what vLLM's block hashing reuses on alice's second turn.")
+    prompt2 = _sample_sizes()[2]
+    if not 0 <= answer <= prompt2:
+        raise NotYet(f"{answer} is not a count of turn 2's prompt tokens: it has {prompt2}.")
+    return f"Your guess, {answer} tokens, is kept: run the reveal cell below to see the server's count."
 
 
 @exercise(
@@ -84,6 +109,11 @@ def naive_cached_tokens(answer: int) -> str:
     if answer % 16:
         raise NotYet("vLLM reuses whole 16-token blocks: the answer is a multiple of 16.")
     raise NotYet(f"{answer:,} is not what the naive layout finds in the cache over {session.turns} turns.")
+
+
+def _session_name(seed: int) -> str:
+    """How a failure names a session: the notebook's by its seed, others as the call that draws them."""
+    return "this session (seed 16)" if seed == 16 else f"agent_session({seed})"
 
 
 def _session_cases(rng: random.Random | None) -> list[tuple[int, int]]:
@@ -129,13 +159,13 @@ def cheaper_layout(answer: Any, cases: list[tuple[int, int]]) -> str:
 
         kept, why = capstone.information_kept(session, layout)
         if not kept:
-            raise NotYet(f"Information lost (session {seed}): {why}.")
+            raise NotYet(f"Information lost ({_session_name(seed)}): {why}.")
         cost = capstone.price_session(session, layout)
         baseline = _append_only_cost(seed, calls)
         limit = COST_FACTOR * baseline.dollars
         if cost.dollars >= limit:
             raise NotYet(
-                f"Session {seed}: ${cost.dollars:.4f} (hit rate {cost.hit_rate:.2f}); it must cost below "
+                f"{_session_name(seed)}: ${cost.dollars:.4f} (hit rate {cost.hit_rate:.2f}); it must cost below "
                 f"${limit:.4f}, {COST_FACTOR:.0%} of append-only's ${baseline.dollars:.4f}."
             )
         lines.append(f"${cost.dollars:.4f} against append-only's ${baseline.dollars:.4f}")

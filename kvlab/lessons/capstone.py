@@ -15,7 +15,8 @@ and coarser increments) and its own lifetime; the block size and pool here stand
 
 ``naive_layout`` is what agents often do: a timestamp on top of the system prompt, tools listed
 most-recently-used first, and a history trimmed from the front to stay under a budget. All three
-break the cached prefix every turn. ``information_kept`` states what a better layout must keep: the
+break the cached prefix every turn; the first hides the other two, so ``fault_layout(name)`` adds one
+of ``NAIVE_FAULTS`` at a time to append-only and ``fault_lines`` prices each alone. ``information_kept`` states what a better layout must keep: the
 system prompt, every tool definition and the task in every prompt, and the last ``KEEP_LAST``
 tool results verbatim.
 
@@ -29,7 +30,7 @@ caches the system prompt first) and ``longest_prefix`` (the most cached tokens, 
 are the routers to compare. Real routers: SGLang's ``sglang-router`` (``cache_aware``: an approximate
 radix tree per worker and load-balance thresholds) and vLLM's ``vllm-router``.
 
-Kept as one module (just over 500 lines): the three parts are notebook 16's problems and share its
+Kept as one module (under 600 lines): the three parts are notebook 16's problems and share its
 cache settings; each is a few small functions.
 """
 
@@ -168,30 +169,76 @@ def _history(session: AgentSession, turn: int) -> list[dict[str, str]]:
     return msgs
 
 
-def naive_layout(session: AgentSession, turn: int) -> list[dict[str, str]]:
-    """A timestamp first, tools most-recently-used first, history trimmed from the front."""
+def _stamp(turn: int) -> str:
+    """The naive layout's first line: the current time, a new minute every turn."""
+    return f"Current time: 2026-12-01 10:{turn:02d}:00\n"
+
+
+def _tools_by_recent_use(session: AgentSession, turn: int) -> list[str]:
+    """The tool definitions, the most recently used first (the order changes as the agent works)."""
     used = [c.name for c in session.calls[:turn]]
     order = sorted(TOOLS, key=lambda n: (-(len(used) - used[::-1].index(n)) if n in used else 0, n))
-    tools = [session.tools[list(TOOLS).index(n)] for n in order]
-    system = f"Current time: 2026-12-01 10:{turn:02d}:00\n" + session.system + "\n" + "\n".join(tools)
-    history = _history(session, turn)
+    return [session.tools[list(TOOLS).index(n)] for n in order]
+
+
+def _trimmed(history: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The history with its oldest calls dropped until it fits ``HISTORY_BUDGET`` tokens."""
     tok = Tokenizer()
     sizes = [len(tok.encode(m["content"])) for m in history]
     kept = sum(sizes)
     while history and kept > HISTORY_BUDGET:  # drop the oldest call and its result
         kept -= sizes[0] + sizes[1]
         history, sizes = history[2:], sizes[2:]
+    return history
+
+
+def _layout_with(
+    session: AgentSession, turn: int, *, stamp: bool, recent_tools: bool, trim: bool
+) -> list[dict[str, str]]:
+    tools = _tools_by_recent_use(session, turn) if recent_tools else list(session.tools)
+    system = (_stamp(turn) if stamp else "") + session.system + "\n" + "\n".join(tools)
+    history = _trimmed(_history(session, turn)) if trim else _history(session, turn)
     return [{"role": "system", "content": system}, {"role": "user", "content": session.task}, *history]
+
+
+def naive_layout(session: AgentSession, turn: int) -> list[dict[str, str]]:
+    """A timestamp first, tools most-recently-used first, history trimmed from the front."""
+    return _layout_with(session, turn, stamp=True, recent_tools=True, trim=True)
 
 
 def append_only_layout(session: AgentSession, turn: int) -> list[dict[str, str]]:
     """A fixed prefix (system, tools in one order, task), then every call and result, appended."""
-    system = session.system + "\n" + "\n".join(session.tools)
-    return [
-        {"role": "system", "content": system},
+    messages = [
+        {"role": "system", "content": session.system + "\n" + "\n".join(session.tools)},
         {"role": "user", "content": session.task},
-        *_history(session, turn),
     ]
+    for call in session.calls[:turn]:  # every earlier call and its result, in order, never changed
+        messages.append({"role": "assistant", "content": call.arguments})
+        messages.append({"role": "tool", "content": call.result})
+    return messages
+
+
+NAIVE_FAULTS: dict[str, dict[str, bool]] = {
+    "timestamp first": {"stamp": True, "recent_tools": False, "trim": False},
+    "tools most recently used first": {"stamp": False, "recent_tools": True, "trim": False},
+    "history trimmed from the front": {"stamp": False, "recent_tools": False, "trim": True},
+}
+"""The naive layout's three faults, each on its own on top of append-only (``fault_layout(name)``)."""
+
+
+def fault_layout(fault: str) -> Layout:
+    """Append-only with one of ``NAIVE_FAULTS`` added: what that fault costs on its own."""
+    if fault not in NAIVE_FAULTS:
+        raise InvalidArgumentError(
+            f"fault must be one of {', '.join(map(repr, NAIVE_FAULTS))}, got {brief(fault)}"
+        )
+    options = NAIVE_FAULTS[fault]
+
+    def layout(session: AgentSession, turn: int) -> list[dict[str, str]]:
+        return _layout_with(session, turn, **options)
+
+    layout.__name__ = fault.replace(" ", "_")
+    return layout
 
 
 # ---------------------------------------------------------------- pricing
@@ -331,6 +378,20 @@ def price_session(
         ) / 1e6
         turns.append(PricedTurn(t, len(prompt), cached, len(out), dollars))
     return SessionCost(tuple(turns))
+
+
+def fault_lines(session: AgentSession, pricing: Pricing = EXAMPLE_PRICING) -> list[str]:
+    """Append-only, each naive fault alone, and all three (the naive layout): tokens cached and dollars."""
+    rows = [("append-only", append_only_layout)]
+    rows += [(f"append-only + {name}", fault_layout(name)) for name in NAIVE_FAULTS]
+    rows.append(("naive (all three)", naive_layout))
+    lines = [f"{'layout':<48}{'prompt tokens':>14}{'cached':>10}{'hit rate':>10}{'cost':>9}"]
+    for name, layout in rows:
+        cost = price_session(session, layout, pricing)
+        lines.append(
+            f"{name:<48}{cost.prompt_tokens:>14,}{cost.cached_tokens:>10,}{cost.hit_rate:>10.1%}{'$' + format(cost.dollars, '.4f'):>9}"
+        )
+    return lines
 
 
 def information_kept(session: AgentSession, layout: Layout, keep_last: int = KEEP_LAST) -> tuple[bool, str]:

@@ -240,13 +240,19 @@ def engine_probe_lines(runs: dict[str, Any]) -> list[str]:
             )
         secret_row = next(r for r in run.guesses if r.is_secret)
         right = sum(r.classified_hit == r.is_secret for r in run.guesses)
+        counts = {r.cache_n for r in run.guesses}
+        if len(counts) == 1:
+            lines.append(
+                f"  every guess cached {counts.pop()} tokens: the server did the same work for each, so the "
+                "differences between their times are the machine's noise, not the cache"
+            )
         lines.append(
             f"  the prober concludes {list(run.found) or 'nothing'}; the right name took "
             f"{secret_row.ttft.ratio_to(cal.miss):.2f}x a known miss's median time; verdicts right for "
             f"{right} of {len(run.guesses)} names (calling every name a miss scores {len(run.guesses) - 1})"
         )
         lines.append("")
-    return lines
+    return lines[:-1]  # a blank line between the settings, none after the last
 
 
 def http_probe_lines(*, form_tokens: int = 256, rounds: int = 7) -> list[str]:

@@ -2,8 +2,12 @@
 
 One panel per scenario (a shared cache, a salt per tenant). Each panel shows
 the known hits and known misses the prober timed as two strips of dots with
-their medians, the threshold between them as a dashed line (from all of the calibration samples), and each guess's
-median with its interquartile range, labelled with the name and the verdict.
+their medians, the calibration threshold between them as a dashed line (the geometric mean of all
+the known hits' and misses' medians), and each guess's median with its interquartile range (IQR: the
+middle half of its times), labelled with the name and the verdict, and a bar at the guess's own
+threshold: the verdict's test compares each repeat with the known hit and miss timed beside it, so
+a guess's threshold follows the machine's load while it was timed and can differ from the dashed line.
+The x axis shows major ticks only, with their unit.
 When the channel is open the right guess sits among the hits; with a salt it
 sits among the misses with every other guess.
 
@@ -56,8 +60,8 @@ def _median(values: list[float]) -> float:
     return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
 
 
-def _panel_traces(label: str, run: object, axis: int) -> tuple[list[dict[str, Any]], float]:
-    """The traces of one scenario's panel and its threshold."""
+def _panel_traces(label: str, run: object, axis: int) -> tuple[list[dict[str, Any]], float, list[float]]:
+    """The traces of one scenario's panel, its calibration threshold and each guess's own threshold."""
     calibration = _field(run, "calibration", label)
     hit = _times(f"{label}: known hits", _field(_field(calibration, "hit", label), "wall_ms", label))
     miss = _times(f"{label}: known misses", _field(_field(calibration, "miss", label), "wall_ms", label))
@@ -74,7 +78,7 @@ def _panel_traces(label: str, run: object, axis: int) -> tuple[list[dict[str, An
             "xaxis": xaxis, "yaxis": yaxis, "showlegend": first, "legendgroup": what,
             "hovertemplate": f"{what}: %{{x:.2f}} ms<extra></extra>",
         })  # fmt: skip
-    names, xs, lo, hi, colors, symbols = [], [], [], [], [], []
+    names, xs, lo, hi, colors, symbols, own = [], [], [], [], [], [], []
     for g in guesses:
         name = str(_field(g, "name", f"{label} guess"))
         ttft = _field(g, "ttft", f"{label} guess")
@@ -90,6 +94,9 @@ def _panel_traces(label: str, run: object, axis: int) -> tuple[list[dict[str, An
         hi.append(q3 - med)
         colors.append(theme.BLUE if secret else theme.GREY)
         symbols.append("star" if secret else "circle")
+        own.append(
+            _positive(f"{label}: guess {name}'s threshold_ms", _field(g, "threshold_ms", f"{label} guess"))
+        )
     traces.append({
         "type": "scatter", "mode": "markers", "name": "a guess (median, IQR)", "x": xs, "y": names,
         "error_x": {"type": "data", "symmetric": False, "array": hi, "arrayminus": lo, "color": theme.INK},
@@ -97,7 +104,28 @@ def _panel_traces(label: str, run: object, axis: int) -> tuple[list[dict[str, An
         "xaxis": xaxis, "yaxis": yaxis, "showlegend": first, "legendgroup": "guess",
         "hovertemplate": "%{y}: %{x:.2f} ms<extra></extra>",
     })  # fmt: skip
-    return traces, threshold
+    return traces, threshold, own
+
+
+def _positive(name: str, value: object) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise InvalidArgumentError(f"{name} must be a positive number of ms, got {brief(value)}")
+    return float(value)
+
+
+def _ticks(values: list[float]) -> tuple[list[float], list[str]]:
+    """Major ticks only, at 1, 2, 5 times a power of ten, labelled with their unit (a log axis's minor
+    ticks would otherwise show as bare digits)."""
+    lo, hi = max(min(values), 1e-3), max(max(values), 1e-3)
+    ticks = [m * 10.0**e for e in range(math.floor(math.log10(lo)) - 1, math.ceil(math.log10(hi)) + 1)
+             for m in (1, 2, 5)]  # fmt: skip
+    inside = [t for t in ticks if lo / 1.5 <= t <= hi * 1.5] or [ticks[len(ticks) // 2]]
+    return inside, [f"{t:g} ms" for t in inside]
 
 
 def probe_timing_figure(runs: Mapping[str, Any], *, title: str | None = None) -> go.Figure:
@@ -117,12 +145,14 @@ def probe_timing_figure(runs: Mapping[str, Any], *, title: str | None = None) ->
     layout: dict[str, Any] = {}
     for i, (label, run) in enumerate(runs.items(), start=1):
         label = str(label)
-        traces, threshold = _panel_traces(label, run, i)
+        traces, threshold, own = _panel_traces(label, run, i)
         data += traces
         top = 1 - (i - 1) * (height + gap)
         suffix = "" if i == 1 else str(i)
+        tickvals, ticktext = _ticks([x for t in traces for x in t["x"]] + own)
         layout[f"xaxis{suffix}"] = {
-            "type": "log", "title": {"text": "time to first token (ms, log scale)"}, "anchor": f"y{suffix}",
+            "type": "log", "title": {"text": "time to first token (log scale)"}, "anchor": f"y{suffix}",
+            "tickmode": "array", "tickvals": tickvals, "ticktext": ticktext,
         }  # fmt: skip
         layout[f"yaxis{suffix}"] = {
             "domain": [max(0.0, top - height), min(1.0, top)],
@@ -133,14 +163,25 @@ def probe_timing_figure(runs: Mapping[str, Any], *, title: str | None = None) ->
             "type": "line", "xref": f"x{suffix}", "yref": f"y{suffix} domain", "x0": threshold, "x1": threshold,
             "y0": 0, "y1": 1, "line": {"color": theme.INK, "dash": "dash", "width": 1.5},
         })  # fmt: skip
+        for row, x in enumerate(own, start=2):  # the rows: known hit, known miss, then the guesses in order
+            shapes.append({
+                "type": "line", "xref": f"x{suffix}", "yref": f"y{suffix}", "x0": x, "x1": x,
+                "y0": row - 0.35, "y1": row + 0.35, "line": {"color": theme.INK, "width": 2.5},
+                "name": "a guess's own threshold (its verdict's test)", "showlegend": i == 1 and row == 2,
+                "legendgroup": "own",
+            })  # fmt: skip
         annotations.append({
-            "text": f"<b>{label}</b> · threshold {threshold:.1f} ms", "xref": "paper", "yref": "paper",
+            "text": f"<b>{label}</b> · dashed: calibration threshold {threshold:.1f} ms (all known hits and misses)",
+            "xref": "paper", "yref": "paper",
             "x": 0, "y": top + 0.02, "xanchor": "left", "yanchor": "bottom", "showarrow": False,
         })  # fmt: skip
+    height_px, top_px, bottom_px = 170 + 260 * n, 70, 130
+    plot_px = height_px - top_px - bottom_px
     layout.update({
         "title": title_text(title or "The prober's times: calibration, threshold and guesses"),
-        "height": 150 + 260 * n, "shapes": shapes, "annotations": annotations,
-        "legend": {"orientation": "h", "y": -0.08 if n > 1 else -0.25},
-        "margin": {"l": 10, "r": 20, "t": 70, "b": 60},
+        "height": height_px, "shapes": shapes, "annotations": annotations,
+        # below the last x-axis title (about 60 px under the plot), not on it
+        "legend": {"orientation": "h", "y": -70 / plot_px, "yanchor": "top", "x": 0, "xanchor": "left"},
+        "margin": {"l": 10, "r": 20, "t": top_px, "b": bottom_px},
     })  # fmt: skip
     return go.Figure({"data": data, "layout": layout})

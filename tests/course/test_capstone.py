@@ -7,9 +7,12 @@ import pytest
 from kvlab.errors import KvlabError
 from kvlab.lessons.capstone import (
     EXAMPLE_PRICING,
+    NAIVE_FAULTS,
     Pricing,
     agent_session,
     append_only_layout,
+    fault_layout,
+    fault_lines,
     information_kept,
     longest_prefix,
     naive_layout,
@@ -40,6 +43,18 @@ def test_naive_layout_breaks_the_prefix_every_turn(session):
     assert append.hit_rate > 0.9
     assert append.dollars < naive.dollars
     assert information_kept(session, naive_layout)[0] and information_kept(session, append_only_layout)[0]
+
+
+def test_each_naive_fault_alone_breaks_the_prefix_and_together_they_are_the_naive_layout(session):
+    append = price_session(session, append_only_layout)
+    alone = {name: price_session(session, fault_layout(name)) for name in NAIVE_FAULTS}
+    assert all(cost.cached_tokens < append.cached_tokens for cost in alone.values())
+    assert alone["timestamp first"].cached_tokens == price_session(session, naive_layout).cached_tokens
+    assert all(sum(options.values()) == 1 for options in NAIVE_FAULTS.values())  # one fault each
+    lines = fault_lines(session)
+    assert len(lines) == 2 + len(NAIVE_FAULTS) + 1 and "naive (all three)" in lines[-1]
+    with pytest.raises(KvlabError, match="fault must be one of"):
+        fault_layout("a timestamp last")
 
 
 def test_pricing_adds_up(session):

@@ -118,6 +118,10 @@ def test_every_percentage_notebook_15_states_is_printed_by_its_cells():
                          (10000, 2, "round-robin"), (10000, 2, "user-hash"))],
         traffic=small,
     )  # fmt: skip
+    lesson_try_it = simulate_many(  # the lesson's Try it 3: 200 users over 4 replicas
+        [FleetConfig(replicas=4, routing="round-robin"), FleetConfig(replicas=4, routing="user-hash")],
+        traffic=traffic,
+    )
     store = simulate_many([FleetConfig(users=50, capacity_blocks=c) for c in (5000, 1250)], traffic=small)
     engine = [simulate(FleetConfig(users=50, capacity_blocks=5000), engine=True, busy_blocks=b, traffic=small)
               for b in (0, 3750)]  # fmt: skip
@@ -128,7 +132,7 @@ def test_every_percentage_notebook_15_states_is_printed_by_its_cells():
         + lf.working_set_lines(unlimited, stable)
         + lf.sweep_lines(sweep)
         + lf.salt_lines(stable, per_user)
-        + lf.routing_lines(routed)
+        + lf.routing_lines(routed + lesson_try_it)
         + lf.rate_lines({"a": store[0], "b": store[1], "c": engine[0], "d": engine[1], "e": engine_quarter})
         + lf.rate_lines(
             {"top": top, "before": simulate(FleetConfig(header="before-message"), traffic=traffic)}

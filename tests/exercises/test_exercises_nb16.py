@@ -11,15 +11,32 @@ def test_notebook_16_has_four_exercises():
     assert [e.id for e in ex.exercises("16")] == ["16.1", "16.2", "16.3", "16.4"]
 
 
-def test_trace_prediction_tells_the_reply_apart():
-    first = read_trace(capstone.sample_trace_path()).exchanges[0]
+def test_trace_prediction_is_a_guess_and_its_reveal_names_the_slip():
+    from kvlab.exercises import core
+    from kvlab.exercises.core import predict, reveal
+
+    trace = read_trace(capstone.sample_trace_path())
+    first, second = trace.exchanges[0], trace.exchanges[1]
     cached = (len(first.prompt) + len(first.output) - 1) // 16 * 16
+    cap = (len(second.prompt) - 1) // 16 * 16
     assert (
         cached > len(first.prompt) // 16 * 16
     )  # the reply crosses a block boundary: the point of the exercise
-    assert ex.check("16.1", cached).right
-    assert "prompt only" in ex.check("16.1", len(first.prompt) // 16 * 16).message
-    assert "multiple of 16" in ex.check("16.1", cached + 3).message
+    assert cap > cached  # the last-token cap is not the answer: a guess of it is a slip worth naming
+    assert ex.get("16.1").kind == "prediction" and ex.get("16.1").points == 2
+    core._predictions.clear()
+    core._revealed.clear()
+    assert predict("16.1", 0).right and not predict("16.1", len(second.prompt) + 1).right
+    predict("16.1", cap)
+    assert "last-token cap" in reveal("16.1", cached).text()
+    core._revealed.clear()
+    predict("16.1", len(first.prompt) // 16 * 16)
+    assert "prompt only" in reveal("16.1", cached).text()
+    core._revealed.clear()
+    predict("16.1", cached)
+    assert reveal("16.1", cached).on_mark is True
+    core._predictions.clear()
+    core._revealed.clear()
 
 
 def test_naive_cached_tokens():

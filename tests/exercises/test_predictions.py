@@ -166,7 +166,7 @@ def test_the_grader_grades_the_prediction_as_it_stood_before_the_reveal(tmp_path
         nbformat.write(_prediction_notebook(answer), path)
         rows[student] = {r.exercise: r for r in grade_notebook(student, path, limits=limits)}
     ada, bo = rows["ada"]["15.1"], rows["bo"]["15.1"]
-    assert (ada.status, ada.points) == (ex.RIGHT, 2) and "Prediction recorded: 40%" in ada.feedback
+    assert (ada.status, ada.points) == (ex.RIGHT, 2) and "Your guess, 40%, is kept" in ada.feedback
     assert (bo.status, bo.points) == (ex.NOT_YET, 0) and "not a percentage" in bo.feedback
     assert rows["ada"]["15.2"].status == "missing"  # the other exercises' cells are not in this notebook
 
@@ -183,3 +183,34 @@ def test_a_prediction_made_below_its_reveal_is_not_graded_right(tmp_path):
     limits = Limits(timeout=90, cell_timeout=20, function_seconds=5, memory_mib=2048)
     row = {r.exercise: r for r in grade_notebook("cy", path, limits=limits)}["15.1"]
     assert (row.status, row.points) == (ex.NOT_YET, 0) and "comes after its reveal" in row.feedback
+
+
+def test_a_recorded_guess_does_not_look_like_a_right_answer(guess_exercise):
+    core._predictions.clear()
+    core._revealed.clear()
+    result = predict("99.1", 0)
+    assert result.right  # it earns its points ...
+    assert "recorded" in result.text() and "✓" not in result.text() and "right" not in result.text()
+    assert "Prediction recorded" in result._repr_html_() and "Right" not in result._repr_html_()
+    assert "✗" in predict("99.1", 140).text()  # ... and a refused guess still says why, as check does
+
+
+def test_an_off_guess_is_told_the_slip_the_exercise_names():
+    def slip(guess, value):
+        return "That is the cap." if guess == 160 else None
+
+    @ex.exercise(
+        "99.3", title="Count", assesses="a", minutes=2, answer_type="int", hints=["h"], points=1,
+        difficulty="intro", predicts=Prediction(reread="part four", slip=slip),
+    )  # fmt: skip
+    def count(answer: int) -> None:
+        return None
+
+    predict("99.3", 160)
+    assert "off. That is the cap. Reread part four" in reveal("99.3", 144).text()
+    core._revealed.discard("99.3")
+    predict("99.3", 150)
+    assert "off. Reread part four" in reveal("99.3", 144).text()
+    with pytest.raises(InvalidArgumentError, match="slip"):
+        ex.exercise("99.4", title="t", assesses="a", minutes=2, answer_type="int", hints=["h"], points=1,
+                    difficulty="intro", predicts=Prediction(reread="r", slip="not a function"))  # fmt: skip
