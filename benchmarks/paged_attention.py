@@ -18,9 +18,11 @@ For the ragged shape (lengths 1 to 4k) the contiguous forms are one SDPA call
 per sequence and one padded call with a key-padding mask.
 
 CPU shapes run at one intra-op thread and at the machine's default thread
-count (``--threads 1,2`` to choose). ``paged torch`` is the public
-``impl="torch"`` (the per-sequence walk); ``paged torch tiles`` is the batched
-alternative (chunks of many sequences per flash-kernel call). ``paged flex`` is FlexAttention
+count (``--threads 1,2`` to choose; ``--shape`` picks shapes by name). ``paged torch`` is the
+public ``impl="torch"`` (on these sizes the kernel torch.compile generates; the header says so
+and how long its first call took, compiling included); ``paged torch walk`` is the per-sequence
+walk that smaller calls run; ``paged torch tiles`` is the batched alternative (chunks of many
+sequences per flash-kernel call). ``paged flex`` is FlexAttention
 (compiled where torch can, the first call of a shape compiles). A prefill
 section times ``paged_prefill`` of 2k new tokens against SDPA causal on
 contiguous KV. On a GPU, the Triton kernel is timed with CUDA events and its
@@ -30,12 +32,14 @@ A last section runs the tiny engine's chat with a long system prompt and
 prints the time to first token per turn, cold and once the prefix is cached.
 
     python benchmarks/paged_attention.py [--reps 7] [--threads 1,2] [--quick] [--no-flex] [--skip-ttft]
+        [--skip-prefill] [--shape '8 x 4k']
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -49,7 +53,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kvlab.core.timing import Timing, measure_side_by_side
 from kvlab.engine import Engine, paged_attention, paged_prefill, run_chat
 from kvlab.engine.attention import (
+    COMPILED,
     _batched_decode,
+    _torch_walk,
     check_decode_args,
     flex_available,
     flex_mode,
@@ -211,8 +217,9 @@ def paged_calls(case: Case, device: str, with_flex: bool) -> dict[str, Callable[
     calls: dict[str, Callable[[], torch.Tensor]] = {
         "paged torch": lambda: paged_attention(*args, impl="torch"),
     }
-    if device == "cpu":  # the batched alternative to impl="torch"'s walk
+    if device == "cpu":  # impl="torch"'s per-sequence walk (what small calls run) and the batched tiles
         shape, scale = check_decode_args(*args, None)
+        calls["paged torch walk"] = lambda: _torch_walk(*args, scale, shape)
         calls["paged torch tiles"] = lambda: _batched_decode(*args, scale, shape)
     if device == "cuda" and triton_available():
         calls["paged triton"] = lambda: paged_attention(*args, impl="triton")
@@ -260,6 +267,13 @@ def copy_bandwidth(reps: int) -> Timing:
     return measure_side_by_side({"copy": lambda: dst.copy_(src)}, warmup=1, repeats=reps)["copy"]
 
 
+def measure_once(fn: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, float]:
+    """One call's result and its wall seconds (a first call: compiling included)."""
+    start = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - start
+
+
 def gbps(nbytes: int, ms: float) -> float:
     return nbytes / ms / 1e6
 
@@ -269,9 +283,13 @@ def bench_cpu_shape(shape: Shape, reps: int, with_flex: bool, copy: Timing) -> N
     sdpa = sdpa_calls(shape, case)
     paged = paged_calls(case, "cpu", with_flex)
     ref = sdpa[next(iter(sdpa))]()
+    first_calls = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.compile's notes on the first flex call
-        check_agreement({name: fn() for name, fn in {**sdpa, **paged}.items()}, ref, shape.dtype)
+        outputs = {}
+        for name, fn in {**sdpa, **paged}.items():
+            outputs[name], first_calls[name] = measure_once(fn)
+        check_agreement(outputs, ref, shape.dtype)
     times = measure_side_by_side({**sdpa, **paged}, warmup=1, repeats=reps)
     base_name = min(sdpa, key=lambda n: times[n].median_ms)
     base = times[base_name]
@@ -279,6 +297,12 @@ def bench_cpu_shape(shape: Shape, reps: int, with_flex: bool, copy: Timing) -> N
     kv = shape.kv_bytes()
     copy_gbps = gbps(COPY_BYTES, copy.cpu_median_ms)  # CPU time: steadier than wall on a shared machine
     flex_note = f", flex {flex_mode(shape.dtype, shape.block_size)}" if "paged flex" in paged else ""
+    torch_mode = (
+        "compiled"
+        if (shape.dtype, shape.block_size, shape.num_kv_heads) in {k[:3] for k in COMPILED.kinds}
+        else f"walk ({COMPILED.failure or 'below the size at which it compiles'})"
+    )
+    flex_note += f"; paged torch = {torch_mode}, its first call {first_calls['paged torch']:.2f} s"
     print(
         f"\n{shape.name}  (cpu, {torch.get_num_threads()} thread(s), KV {kv / 1e6:.0f} MB, baseline = {base_name}"
         f"{flex_note})"
@@ -387,6 +411,9 @@ def main() -> None:
         "--peak-gbps", type=float, default=None, help="the GPU's peak memory bandwidth in GB/s"
     )
     parser.add_argument("--system-tokens", type=int, default=2000)
+    parser.add_argument(
+        "--shape", default="", help="time only the CPU shapes whose name contains this text (e.g. '8 x 4k')"
+    )
     args = parser.parse_args()
     print(
         f"torch {torch.__version__}, default {DEFAULT_THREADS} CPU thread(s), cuda={torch.cuda.is_available()}"
@@ -400,6 +427,8 @@ def main() -> None:
                 f"{gbps(COPY_BYTES, copy.cpu_median_ms):.1f} GB/s of CPU time (read + write)"
             )
             for shape in QUICK_CPU_SHAPES if args.quick else CPU_SHAPES:
+                if args.shape not in shape.name:
+                    continue
                 bench_cpu_shape(shape, args.reps, not args.no_flex, copy)
             if not args.skip_prefill:
                 bench_prefill(512 if args.quick else 2048, args.reps)

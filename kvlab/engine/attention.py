@@ -20,16 +20,28 @@ Implementations (``impl=``):
 
 * ``"reference"`` gathers each sequence into a dense tensor and runs plain
   attention in float64: slow, obviously right, the oracle the others are tested against.
-* ``"torch"`` (decode) walks each sequence a tile of whole blocks at a time
-  with an online softmax (running max, running sum, rescaled accumulator), so
-  the gathered sequence is never materialised; within a tile all heads are one
-  batched matmul. An alternative, ``_batched_decode``, gathers chunks of many
-  sequences into one cache-sized tile and runs torch's CPU flash kernel on each
-  tile, merging a sequence's chunks by their log-sum-exps (timed beside the
-  walk by the benchmark; see ``_torch_decode`` for why it is not the default). For prefill,
-  ``"torch"`` gathers each sequence and runs
-  torch's fused attention with the causal offset (prefill is compute-bound;
-  the gather is small next to it).
+* ``"torch"`` (decode) on the CPU, for a call that reads at least
+  ``COMPILED_MIN_BYTES`` of K and V, runs a kernel that ``torch.compile``
+  (inductor) generates in C++: every sequence is cut into chunks of about 32
+  tokens, the scores are an elementwise product summed over head_dim, so each
+  key row is loaded through the block table inside that vectorised sum and no
+  gathered copy exists (values likewise in the weighted sum), each chunk gets
+  its own max, sum and output, and a sequence's chunks are merged exactly by
+  their maxima (flash-decoding's split). One loop nest per step spreads the
+  chunks of all sequences over the threads. Why: the gather copies, small
+  matmuls and Python loops of eager code cost about as much as the attention
+  itself (the walk below ran at 2x SDPA on contiguous K/V). The first call of
+  a kind (dtype, block size, heads, head_dim) compiles for seconds, cached on
+  disk by torch; smaller calls, float64, autograd, other devices, and a
+  machine where compiling fails (one warning) run the walk: each sequence a
+  tile of whole blocks at a time, gathered into a small reused buffer, with an
+  online softmax (running max, running sum, rescaled accumulator); within a
+  tile all heads are one batched matmul. An alternative, ``_batched_decode``,
+  gathers chunks of many sequences into one cache-sized tile and runs torch's
+  CPU flash kernel on each tile, merging a sequence's chunks by their
+  log-sum-exps (timed beside the others by the benchmark). For prefill,
+  ``"torch"`` gathers each sequence and runs torch's fused attention with the
+  causal offset (prefill is compute-bound; the gather is small next to it).
 * ``"triton"`` (decode only) a Triton kernel: one program per sequence and KV
   head (optionally split over the sequence), each K/V block read once for all
   the query heads that share it. See ``kvlab.engine.triton_paged``.
@@ -51,8 +63,8 @@ query head ``h`` uses KV head ``h // (num_heads // num_kv_heads)``.
 Table entries past a sequence's last block are never read, so they may hold
 anything (vLLM pads with 0); entries that are read must name a block of the pool.
 
-Kept as one module: the float64 reference, the torch kernel and the dispatch between
-implementations share their argument checks and are tested against each other.
+Kept as one module: the float64 reference, the torch kernels (compiled and walked) and the
+dispatch between implementations share their argument checks and are tested against each other.
 """
 
 from __future__ import annotations
@@ -83,6 +95,19 @@ CHUNK_BYTES = 2 << 20
 BATCH_TILE_BYTES = 4 << 20
 # FlexAttention's query block: decode has one query row, any size >= 1 works (attention-gym uses 128)
 FLEX_Q_BLOCK = 128
+# the compiled CPU decode: chunks of about COMPILED_CHUNK_TOKENS tokens (whole blocks), each a short
+# reduction; used for calls that read at least COMPILED_MIN_BYTES of K and V (smaller ones run the walk
+# and never compile), for at most COMPILED_MAX_KINDS kinds (dtype, block size, heads, head_dim) a process.
+# Measured with benchmarks/paged_attention.py on a 2-core Xeon: 32-token chunks beat 16, 64 and 128.
+COMPILED_CHUNK_TOKENS = 32
+COMPILED_MIN_BYTES = 8 << 20
+COMPILED_MAX_KINDS = 8
+# inductor's C++ options: threads chosen at run time (torch.set_num_threads), fused multiply-adds
+COMPILE_OPTIONS = {
+    "cpp.dynamic_threads": True,
+    "cpp.enable_floating_point_contract_flag": "fast",
+    "assert_indirect_indexing": False,  # every table entry the kernel reads was checked by _check_tables
+}
 
 
 @dataclass(frozen=True)
@@ -339,16 +364,191 @@ def _cpu_flash() -> Callable[..., tuple[torch.Tensor, torch.Tensor]] | None:
 
 
 def _torch_decode(query, key_cache, value_cache, block_tables, seq_lens, scale, shape: PagedShape):
-    """``impl="torch"``: the per-sequence walk.
+    """``impl="torch"``: the compiled CPU decode for big calls, else the per-sequence walk.
 
-    The batched tiles (``_batched_decode``) are exact too but did not win
-    where it counts: in benchmarks/paged_attention.py on a shared 2-core
-    machine the walk was 10-25% faster at one thread on every shape, and at two
-    threads the results flipped with the machine's load (tiles ahead on a busy
-    machine, the walk ahead, 1.3x against 3.5x the SDPA CPU time, on the
-    ragged shape when it was quieter). The benchmark times both.
+    The compiled kernel (``compiled_decode``) reads K and V in place, in one
+    C++ loop nest per step that every thread shares; the walk pays a gather
+    copy and Python's per-op cost per tile, and a second thread has little to
+    do in its small ops. Small calls keep the walk: a first call compiles for
+    seconds, which only a big call repays. The batched tiles
+    (``_batched_decode``) are exact too but never won against the walk at one
+    thread; the benchmark times all three.
     """
+    if _compiled_decode_applies(query, key_cache, value_cache, seq_lens, shape):
+        out = compiled_decode(query, key_cache, value_cache, block_tables, seq_lens, scale, shape)
+        if out is not None:
+            return out
     return _torch_walk(query, key_cache, value_cache, block_tables, seq_lens, scale, shape)
+
+
+# ---------------------------------------------------------------------------- compiled CPU decode
+
+
+@dataclass
+class CompiledDecode:
+    """How ``impl="torch"``'s compiled CPU decode runs here, kept for the process.
+
+    ``fn`` is the one cached ``torch.compile`` of ``_chunked_decode_graph``;
+    ``kinds`` the (dtype, block size, KV heads, group, head_dim) it has run;
+    ``over_limit`` the kinds dynamo would not compile again (its recompile
+    limit: they run the walk); ``failure`` why compiling failed, if it did
+    (every call then runs the walk, and a warning said so once); ``enabled``
+    False sends every call to the walk (tests compare the two).
+    """
+
+    fn: Callable[..., torch.Tensor] | None = None
+    kinds: set[tuple[torch.dtype, int, int, int, int]] = field(default_factory=set)
+    over_limit: set[tuple[torch.dtype, int, int, int, int]] = field(default_factory=set)
+    failure: str | None = None
+    enabled: bool = True
+
+
+COMPILED = CompiledDecode()
+
+
+def compile_available() -> bool:
+    """Whether ``torch.compile`` can build a CPU kernel here: inductor imports and a C++ compiler is on PATH."""
+    import shutil
+
+    try:
+        import torch._inductor  # noqa: F401
+    except ImportError:  # pragma: no cover - a torch without inductor
+        return False
+    return any(shutil.which(cxx) for cxx in ("g++", "c++", "clang++"))
+
+
+def _compiled_decode_applies(query, key_cache, value_cache, seq_lens, shape: PagedShape) -> bool:
+    """A CPU call in float32/16/bf16, without autograd, reading at least ``COMPILED_MIN_BYTES`` of K and V."""
+    if not COMPILED.enabled or COMPILED.failure is not None or query.device.type != "cpu":
+        return False
+    if query.dtype == torch.float64 or any(t.requires_grad for t in (query, key_cache, value_cache)):
+        return False
+    kind = (query.dtype, shape.block_size, shape.num_kv_heads, shape.group, shape.head_dim)
+    if kind in COMPILED.over_limit or (
+        kind not in COMPILED.kinds and len(COMPILED.kinds) >= COMPILED_MAX_KINDS
+    ):
+        return False
+    per_token = 2 * shape.num_kv_heads * shape.head_dim * key_cache.element_size()
+    return int(seq_lens.to(torch.int64).sum()) * per_token >= COMPILED_MIN_BYTES
+
+
+def _chunked_decode_graph(
+    query, key_cache, value_cache, chunk_table, chunk_seq, chunk_valid, seq_chunks, used
+):
+    """The compiled decode, written so that inductor fuses every gather into the loop that reads it.
+
+    ``query`` [num_seqs, kv_heads, group, head_dim] float32, already scaled;
+    chunk ``c`` is the blocks ``chunk_table[c]`` of sequence ``chunk_seq[c]``,
+    its first ``chunk_valid[c]`` tokens real; ``seq_chunks[s]`` lists sequence
+    ``s``'s chunks (``used`` False on padding). Scores are an elementwise
+    product summed over head_dim, not a matmul, so the indexed load of each key
+    row sits inside the reduction (a vectorised loop over head_dim) and the
+    gathered keys never exist; likewise each value row inside the weighted
+    sum. Each chunk gets its own max, sum and output; a sequence's chunks are
+    then merged exactly by their maxima (flash-decoding's split, one chunk a
+    split). Short chunks keep every reduction short: inductor sums into one
+    register, so a long sum waits on each add in turn.
+    """
+    num_chunks, chunk_blocks = chunk_table.shape
+    block_size = key_cache.shape[1]
+    keys = key_cache[
+        chunk_table
+    ].float()  # [C, chunk_blocks, block_size, kv_heads, head_dim], never materialised
+    values = value_cache[chunk_table].float()
+    scores = (keys[:, :, :, :, None, :] * query[chunk_seq][:, None, None]).sum(-1)  # [C, cb, bs, kv, group]
+    position = torch.arange(chunk_blocks * block_size, device=query.device).view(
+        1, chunk_blocks, block_size, 1, 1
+    )
+    scores = torch.where(position < chunk_valid.view(-1, 1, 1, 1, 1), scores, float("-inf"))
+    chunk_max = scores.amax(dim=(1, 2))  # [C, kv, group]
+    weights = torch.exp(scores - chunk_max[:, None, None])
+    chunk_sum = weights.sum(dim=(1, 2))
+    chunk_out = (weights[..., None] * values[:, :, :, :, None, :]).sum(dim=(1, 2))  # [C, kv, group, head_dim]
+    maxima = torch.where(
+        used[:, :, None, None], chunk_max[seq_chunks], float("-inf")
+    )  # [S, max chunks, kv, group]
+    scale = torch.exp(maxima - maxima.amax(dim=1, keepdim=True))
+    total = (scale * chunk_sum[seq_chunks]).sum(dim=1)
+    return (scale[..., None] * chunk_out[seq_chunks]).sum(dim=1) / total[..., None]
+
+
+def _chunk_plan(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int, chunk_blocks: int):
+    """Cut every sequence into chunks of ``chunk_blocks`` blocks: the index tensors ``_chunked_decode_graph`` reads.
+
+    A short last chunk repeats the sequence's last block (always valid; its
+    tokens are past ``chunk_valid`` and masked), so no table entry past a
+    sequence's end is read. Padding in ``seq_chunks`` repeats a real chunk.
+    One extra one-token sequence (block 0, its result dropped) and one extra
+    padding column keep every dynamic size at least 2: torch.compile
+    specialises sizes 0 and 1, and would compile again for a single sequence.
+    """
+    device = block_tables.device
+    block_tables = torch.cat([block_tables, block_tables.new_zeros((1, block_tables.shape[1]))])
+    lens = torch.cat([seq_lens.to(torch.int64), torch.ones(1, dtype=torch.int64, device=device)])
+    n_blocks = (lens + block_size - 1) // block_size
+    n_chunks = (n_blocks + chunk_blocks - 1) // chunk_blocks
+    chunk_seq = torch.repeat_interleave(torch.arange(lens.numel(), device=device), n_chunks)
+    first = torch.cumsum(n_chunks, 0) - n_chunks
+    index = torch.arange(chunk_seq.numel(), device=device) - first[chunk_seq]
+    cols = index[:, None] * chunk_blocks + torch.arange(chunk_blocks, device=device)[None, :]
+    cols = torch.minimum(cols, (n_blocks[chunk_seq] - 1)[:, None])
+    chunk_table = block_tables.to(torch.int64)[chunk_seq[:, None], cols]
+    chunk_valid = torch.clamp(
+        lens[chunk_seq] - index * chunk_blocks * block_size, max=chunk_blocks * block_size
+    )
+    slot = torch.arange(int(n_chunks.max()) + 1, device=device)[None, :]
+    seq_chunks = torch.minimum(first[:, None] + slot, (first + n_chunks - 1)[:, None])
+    used = slot < n_chunks[:, None]
+    return chunk_table, chunk_seq, chunk_valid, seq_chunks, used
+
+
+def compiled_decode(query, key_cache, value_cache, block_tables, seq_lens, scale, shape: PagedShape):
+    """``_chunked_decode_graph`` compiled by inductor (a C++ kernel), or None where compiling is not possible.
+
+    Sizes that change between calls (sequences, chunks, pool blocks) are
+    marked dynamic, so one kind compiles once or twice, not once per batch;
+    past dynamo's recompile limit, or if compiling fails, the call returns
+    None and the caller runs the walk (a failure warns once and turns this
+    path off for the process).
+    """
+    kind = (query.dtype, shape.block_size, shape.num_kv_heads, shape.group, shape.head_dim)
+    if COMPILED.fn is None:
+        if not compile_available():
+            COMPILED.failure = "torch.compile needs inductor and a C++ compiler (g++ or clang++)"
+            return None
+        COMPILED.fn = torch.compile(_chunked_decode_graph, fullgraph=True, options=COMPILE_OPTIONS)
+    chunk_blocks = max(1, COMPILED_CHUNK_TOKENS // shape.block_size)
+    plan = _chunk_plan(block_tables, seq_lens, shape.block_size, chunk_blocks)
+    q = torch.cat(
+        [query.to(torch.float32) * scale, query.new_zeros((1, *query.shape[1:]), dtype=torch.float32)]
+    )
+    q = q.view(shape.num_seqs + 1, shape.num_kv_heads, shape.group, shape.head_dim)
+    args = (q, key_cache, value_cache, *plan)
+    for tensor, dims in zip(args, ((0,), (0,), (0,), (0,), (0,), (0,), (0, 1), (0, 1)), strict=True):
+        for dim in dims:
+            torch._dynamo.maybe_mark_dynamic(tensor, dim)
+    try:
+        with (
+            torch.no_grad(),
+            torch._dynamo.config.patch(fail_on_recompile_limit_hit=True, recompile_limit=64),
+        ):
+            out = COMPILED.fn(*args)
+    except Exception as exc:  # noqa: BLE001 - any compiler failure: say so once, then run the walk
+        if "recompile" in type(exc).__name__.lower():
+            COMPILED.over_limit.add(kind)
+            return None
+        lines = str(exc).splitlines()
+        reason = next((line.strip() for line in lines if "error" in line.lower()), lines[0] if lines else "")
+        COMPILED.failure = f"{type(exc).__name__}: {reason[:200]}"
+        warnings.warn(
+            f"torch.compile of the CPU paged decode failed ({COMPILED.failure}); impl='torch' runs the "
+            "per-sequence walk",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        return None
+    COMPILED.kinds.add(kind)
+    return out[:-1].reshape(shape.num_seqs, shape.num_heads, shape.head_dim).to(query.dtype)
 
 
 def _batched_decode(

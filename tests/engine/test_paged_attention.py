@@ -5,8 +5,16 @@ torch = pytest.importorskip("torch")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+import kvlab.engine.attention as attention  # noqa: E402
 from kvlab.engine import paged_attention, paged_prefill, slot_mapping, write_kv_cache  # noqa: E402
-from kvlab.engine.attention import _batched_decode, _torch_walk, check_decode_args  # noqa: E402
+from kvlab.engine.attention import (  # noqa: E402
+    CompiledDecode,
+    _batched_decode,
+    _torch_walk,
+    check_decode_args,
+    compile_available,
+    compiled_decode,
+)
 from kvlab.errors import InvalidArgumentError  # noqa: E402
 
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}
@@ -143,6 +151,94 @@ def test_batched_tiles_in_other_dtypes(dtype):
     out = _batched_decode(q, kc, vc, bt, sl, scale, shape, tile_tokens=256)
     assert out.dtype == dtype
     torch.testing.assert_close(out.double(), dense_f64(q, keys, values), atol=atol, rtol=0)
+
+
+# ---------------------------------------------------------------- the compiled CPU decode
+
+needs_compiler = pytest.mark.skipif(not compile_available(), reason="torch.compile needs a C++ compiler")
+
+
+@pytest.fixture
+def compiled_for_every_size(monkeypatch):
+    """impl="torch" compiles even small calls (the tests' sizes), with the process's one compiled callable."""
+    monkeypatch.setattr(attention, "COMPILED_MIN_BYTES", 0)
+    monkeypatch.setattr(attention.COMPILED, "enabled", True)
+
+
+@needs_compiler
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "block_size, group, dtype",
+    [(16, 4, torch.float32), (1, 1, torch.float16), (64, 8, torch.bfloat16), (16, 8, torch.float32)],
+)
+def test_compiled_decode_matches_float64_dense_attention(block_size, group, dtype, compiled_for_every_size):
+    """Ragged lengths (1 to 1100, so many chunks and short last chunks), shuffled blocks, garbage past each table's end."""
+    q, kc, vc, bt, sl, keys, values = make_case(
+        LENS, block_size, 2, group, dtype=dtype, seed=block_size + group
+    )
+    shape, scale = check_decode_args(q, kc, vc, bt, sl, None)
+    out = compiled_decode(q, kc, vc, bt, sl, scale, shape)
+    assert out is not None, f"the compiled decode did not run: {attention.COMPILED.failure}"
+    assert out.dtype == dtype and out.shape == q.shape
+    atol = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}[dtype]
+    torch.testing.assert_close(out.double(), dense_f64(q, keys, values), atol=atol, rtol=0)
+    kind = (dtype, block_size, 2, group, 32)
+    assert kind in attention.COMPILED.kinds
+    # impl="torch" takes the compiled path for this call, and gives its answer
+    torch.testing.assert_close(paged_attention(q, kc, vc, bt, sl, impl="torch"), out, atol=0, rtol=0)
+
+
+@needs_compiler
+@pytest.mark.slow
+def test_compiled_decode_on_new_batches_of_one_kind(compiled_for_every_size):
+    """Other batch sizes, one sequence, shared blocks and an int64 table: the same kind, still exact."""
+    for lens, seed in (([5, 900, 33], 3), ([700], 4), ([1], 5)):
+        q, kc, vc, bt, sl, keys, values = make_case(lens, 16, 2, 4, seed=seed)
+        torch.testing.assert_close(
+            paged_attention(q, kc, vc, bt, sl, impl="torch").double(),
+            dense_f64(q, keys, values),
+            atol=1e-5,
+            rtol=0,
+        )
+    q, kc, vc, bt, sl, keys, values = make_case([40], 16, 2, 4)
+    tables = torch.stack([bt[0], bt[0]]).to(torch.int64)
+    query = torch.cat([q, q.flip(-1)])
+    out = paged_attention(query, kc, vc, tables, torch.tensor([40, 20]), impl="torch")
+    expected = dense_f64(query, [keys[0], keys[0][:20]], [values[0], values[0][:20]])
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=0)
+    assert attention.COMPILED.failure is None
+
+
+def test_small_calls_and_float64_run_the_walk_without_compiling(monkeypatch):
+    fresh = CompiledDecode()
+    monkeypatch.setattr(attention, "COMPILED", fresh)
+    q, kc, vc, bt, sl, keys, values = make_case(LENS, 16, 2, 4)
+    shape, scale = check_decode_args(q, kc, vc, bt, sl, None)
+    out = paged_attention(q, kc, vc, bt, sl, impl="torch")  # 0.3 MB of K and V: below COMPILED_MIN_BYTES
+    torch.testing.assert_close(out, _torch_walk(q, kc, vc, bt, sl, scale, shape), atol=0, rtol=0)
+    monkeypatch.setattr(attention, "COMPILED_MIN_BYTES", 0)
+    args = [t.double() for t in (q, kc, vc)] + [bt, sl]
+    torch.testing.assert_close(
+        paged_attention(*args, impl="torch").double(), dense_f64(q, keys, values), atol=1e-12, rtol=0
+    )
+    assert fresh.fn is None and not fresh.kinds
+
+
+def test_without_a_compiler_impl_torch_runs_the_walk_silently(monkeypatch, tmp_path):
+    """No C++ compiler on PATH: the compiled path says why once (in COMPILED.failure) and every call walks."""
+    import warnings
+
+    fresh = CompiledDecode()
+    monkeypatch.setattr(attention, "COMPILED", fresh)
+    monkeypatch.setattr(attention, "COMPILED_MIN_BYTES", 0)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    q, kc, vc, bt, sl, keys, values = make_case([3, 40, 270], 16, 2, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(2):
+            out = paged_attention(q, kc, vc, bt, sl, impl="torch")
+            torch.testing.assert_close(out.double(), dense_f64(q, keys, values), atol=1e-5, rtol=0)
+    assert fresh.fn is None and "C++ compiler" in fresh.failure
 
 
 def test_no_sequences_gives_an_empty_result():
