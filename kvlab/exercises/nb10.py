@@ -40,8 +40,9 @@ LOOKALIKE_FIRST = {"coder": "List the files in src.", "planner": "Plan a weekend
     prerequisites=["06.3"],
     hints=[
         "After turn 4 the slot holds turn 4's prompt and the tokens sampled for it, except one.",
-        "Turn 5's prompt grows by 22 tokens as before: the 8-token reply, the template tokens and a 4-token "
-        "message. cache_n = previous prompt + max_tokens − 1; prompt_n = prompt − cache_n.",
+        "Part two's table shows the pattern: set each turn's cache_n beside the previous turn's prompt_tokens.",
+        "Turn 5's prompt grows by 22 tokens, as every turn did (the 8-token reply, 10 template tokens, a 4-token "
+        "message); prompt_n is the part of it the slot does not hold.",
     ],
 )
 def turn_five(answer: list[Any]) -> str:
@@ -69,7 +70,22 @@ def turn_five(answer: list[Any]) -> str:
         raise NotYet("That is the size of turn 5's prompt; cache_n is the part of it already in the slot.")
     if cache_n == fifth.cache_n:
         raise NotYet(f"cache_n is right; prompt_n is the rest of the {fifth.prompt_tokens}-token prompt.")
-    raise NotYet(f"cache_n {cache_n} is not what the slot holds in common with turn 5's prompt.")
+    if fourth.prompt_tokens < cache_n < fifth.cache_n:
+        raise NotYet(
+            f"More than turn 4's {fourth.prompt_tokens}-token prompt, but too few: of the {LESSON_MAX_TOKENS} "
+            "tokens sampled for turn 4, only the very last was never read back by the model."
+        )
+    if cache_n < fourth.prompt_tokens:
+        raise NotYet(
+            f"Too few: turn 5's prompt starts with turn 4's whole {fourth.prompt_tokens}-token prompt, "
+            "which is still in the slot."
+        )
+    if cache_n > fifth.prompt_tokens:
+        raise NotYet(f"cache_n counts tokens of turn 5's prompt, which has only {fifth.prompt_tokens}.")
+    raise NotYet(
+        "Too many: after turn 4 the slot holds turn 4's prompt and its sampled tokens but the last; "
+        "what comes after those in turn 5's prompt is new."
+    )
 
 
 @exercise(
@@ -107,7 +123,17 @@ def never_cached(answer: int) -> str:
         raise NotYet(
             "The server takes one token back only when the *whole* prompt matches; here it does not."
         )
-    raise NotYet(f"{answer} is not what the slot holds in common with the second prompt.")
+    if isinstance(answer, int) and answer < len(ONE_TOKEN_PROMPT):
+        raise NotYet(
+            f"Too few: the second request starts with the same {len(ONE_TOKEN_PROMPT)} prompt tokens, "
+            "and the slot still holds every one of them."
+        )
+    if isinstance(answer, int) and answer < len(second):
+        raise NotYet(
+            "Too many: the match stops at the first token of the new prompt that the slot does not hold. "
+            "Which token comes right after the 60 prompt tokens, and was its KV ever computed?"
+        )
+    raise NotYet(f"{answer} is more than the second prompt's {len(second)} tokens.")
 
 
 def _first_requests() -> dict[str, RequestRecord]:

@@ -77,7 +77,22 @@ def row_read(answer: int) -> str:
         raise NotYet(
             "Right offset, wrong block: which entry of the block table holds the token's logical block?"
         )
-    raise NotYet(f"Row {answer} holds another token's key.")
+    block, row_offset = divmod(answer, BLOCK) if isinstance(answer, int) and answer >= 0 else (-1, -1)
+    if block == physical:
+        raise NotYet(
+            f"Right block: physical block {physical} is rows {physical * BLOCK} to {physical * BLOCK + BLOCK - 1}. "
+            f"Row {answer} is offset {row_offset} inside it; which offset does token {POSITION} have in its block?"
+        )
+    if block in TABLE:
+        raise NotYet(
+            f"Row {answer} is in physical block {block}, entry {TABLE.index(block)} of the table, which holds this "
+            f"sequence's tokens {TABLE.index(block) * BLOCK} to {TABLE.index(block) * BLOCK + BLOCK - 1}. "
+            f"Which entry holds token {POSITION}?"
+        )
+    raise NotYet(
+        f"Row {answer} is not in any of this sequence's blocks {TABLE}: find the table entry for token "
+        f"{POSITION} first (position // block size), then the row."
+    )
 
 
 @exercise(
@@ -288,8 +303,8 @@ def _chat_counters(cache: str) -> list[Any]:
     hints=[
         "Slot mode keeps the previous prompt and every sampled token but the last. Blocks mode caches a block "
         "once it is full, prompt or reply, and can only reuse whole blocks.",
-        "Both start from turn 4's prompt_tokens + 8 - 1 tokens in cache; blocks mode then rounds down to a "
-        "multiple of 16 (turn 5's prompt is long enough that the prompt - 1 cap does not bite).",
+        "Start from turn 4's line in part seven: how many tokens did the slot hold once turn 4 ended? "
+        "Then ask how many of those same tokens fill whole 16-token blocks.",
     ],
 )
 def next_turn(answer: list[Any]) -> str:

@@ -5,20 +5,27 @@ the block tables, ``write_kv_cache`` stores keys and values through the slot map
 returns what the notebook prints. Every time comes from ``kvlab.core.timing`` (median, IQR, CPU
 time); every sentence a helper prints about a time is decided from those numbers in the same run
 (``clearly_faster_than``, ``ratio_spread``), never typed in.
+
+Kept as one module (over 500 lines): it is one notebook's nine experiments, and they share the
+batch builder (``paged_batch``), the verdicts read from the spreads (``_verdict``) and the choice
+of clock (``clock_for``), which would otherwise be imported back and forth between modules.
 """
 
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from kvlab.core.chat_format import Message, render
 from kvlab.core.timing import Timing, measure_side_by_side
-from kvlab.engine import Engine, paged_attention, run_chat, slot_mapping, write_kv_cache
-from kvlab.engine.chat import ChatTurnResult, context_needed
+from kvlab.engine import Engine, ModelConfig, paged_attention, slot_mapping, write_kv_cache
+from kvlab.engine.chat import ChatTurnResult, context_needed, system_prompt, user_message
+from kvlab.engine.engine import GenerationResult
 from kvlab.errors import (
     LIMITS,
     InvalidArgumentError,
@@ -34,6 +41,7 @@ from kvlab.models.prefix_cache import PrefixCache
 
 MiB = 2**20
 DEVICES = ("cpu", "cuda")
+DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
 def sync_for(device: str) -> Callable[[], None] | None:
@@ -103,6 +111,10 @@ def paged_batch(
             f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
         )
     seed = check_int("seed", seed, minimum=0, maximum=2**31 - 1)
+    if dtype not in DTYPES:
+        raise InvalidArgumentError(
+            f"dtype must be one of torch.float32, float16, bfloat16, float64, got {dtype!r}"
+        )
     blocks = sum(-(-n // block_size) for n in lengths)
     if 2 * blocks * block_size * num_kv_heads * head_dim * 8 > LIMITS.memory_mib * MiB:
         raise InvalidArgumentError(
@@ -141,6 +153,20 @@ def dense_attention(
     query: torch.Tensor, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor]
 ) -> torch.Tensor:
     """Each sequence's query over its own contiguous K/V, in float64, by torch's SDPA: an oracle sharing no code with kvlab."""
+    if not isinstance(query, torch.Tensor) or query.dim() != 3:
+        raise InvalidArgumentError(
+            f"query must be a [num_seqs, num_heads, head_dim] tensor, got {type(query).__name__}"
+        )
+    keys, values = check_items("keys", keys), check_items("values", values)
+    if not all(isinstance(t, torch.Tensor) and t.dim() == 3 for t in keys + values):
+        raise InvalidArgumentError(
+            "keys and values must be [seq_len, num_kv_heads, head_dim] tensors, one per sequence"
+        )
+    if not len(keys) == len(values) == query.shape[0]:
+        raise InvalidArgumentError(
+            f"give one key and one value tensor per sequence: {query.shape[0]} queries, "
+            f"{len(keys)} keys, {len(values)} values"
+        )
     rows = [
         F.scaled_dot_product_attention(
             q[:, None].double(), k.transpose(0, 1).double(), v.transpose(0, 1).double(), enable_gqa=True
@@ -156,6 +182,7 @@ def error_table(lengths: Sequence[int], impls: Sequence[str], device: str = "cpu
         check_choice("an impl", i, ("reference", "torch", "triton", "flex"))
         for i in check_items("impls", impls)
     ]
+    lengths = _lengths(lengths)
     lines = [
         f"max abs error against float64 dense attention, {len(lengths)} sequences of {list(lengths)} tokens",
         f"{'block size':>10}  {'dtype':>8}  " + "  ".join(f"{impl:>10}" for impl in impls),
@@ -288,7 +315,30 @@ class DecodeAgainstSdpa:
                 f"  of it, shuffled blocks / the same blocks in order: {_ratio(shuffled, ordered)}",
                 f"  and blocks in order / SDPA on the same bytes: {_ratio(ordered, sdpa)}",
             ]
+            if peak is None:
+                out.append(goal_line(shuffled, sdpa, f"paged {impl}"))
         return out
+
+
+CPU_GOAL = 1.2
+"""kvlab's goal for its CPU decode kernel: paged (shuffled blocks) at most this many times SDPA's time."""
+
+
+def goal_line(paged: Timing, sdpa: Timing, name: str, goal: float = CPU_GOAL) -> str:
+    """Whether ``paged / sdpa`` met the goal in this run, decided from the ratio's spread across the IQRs."""
+    if not isinstance(paged, Timing) or not isinstance(sdpa, Timing):
+        raise InvalidArgumentError("goal_line needs two Timings: the paged kernel's and SDPA's")
+    name = check_text("name", name, allow_empty=False)
+    if isinstance(goal, bool) or not isinstance(goal, (int, float)) or not 1 <= goal <= 100:
+        raise InvalidArgumentError(f"goal must be a ratio from 1 to 100, got {goal!r}")
+    low, high = paged.ratio_spread(sdpa)
+    if high <= goal:
+        verdict = f"met in this run (even the highest ratio across the IQRs, {high:.2f}x, is at most {goal}x)"
+    elif low > goal:
+        verdict = f"not met in this run (even the lowest ratio across the IQRs, {low:.2f}x, is above {goal}x)"
+    else:
+        verdict = f"undecided in this run (the ratio's spread, {low:.2f}x to {high:.2f}x, straddles {goal}x)"
+    return f"kvlab's goal for {name}, at most {goal}x SDPA: {verdict}"
 
 
 def _ratio(a: Timing, b: Timing) -> str:
@@ -344,24 +394,100 @@ def decode_against_sdpa(
     return DecodeAgainstSdpa(label, batch.kv_bytes, big.nbytes, times, impls, clock_for(device))
 
 
+MODES = ("slot", "blocks", "off")
+
+
 def ttft_by_mode(
-    system_tokens: int, *, device: str = "cpu", repeats: int = 5
+    system_tokens: int, *, device: str = "cpu", repeats: int = 5, warmup: int = 1, turns: int = 3
 ) -> dict[str, list[ChatTurnResult]]:
-    """Part eight: three turns behind a long system prompt in slot, block and no-cache mode, ``repeats`` runs each after a warm-up."""
+    """Part eight: the same chat behind a long system prompt in slot, block and no-cache mode, timed interleaved.
+
+    Each mode gets ``warmup + repeats`` engines built alike (same weights, each starting empty).
+    In round ``r`` repetition ``e`` plays turn ``r - e`` in every mode, the modes taking turns to go
+    first, so a burst of load or a one-time cost of the process falls on every mode alike; the
+    ``warmup`` repetitions are untimed, so every mode's first long prefill is served once before
+    any is timed. ``run_chat`` does the same for one mode at a time.
+    """
     system_tokens = check_size("system_tokens", system_tokens, "tokens", minimum=1)
-    runs = {}
-    for mode in ("slot", "blocks", "off"):
-        engine = Engine(
-            cache=mode, block_size=16, max_model_len=context_needed(3, 1, system_tokens), device=device
+    device = check_choice("device", device, DEVICES)
+    repeats = check_int("repeats", repeats, minimum=1, maximum=100)
+    warmup = check_int("warmup", warmup, minimum=0, maximum=100)
+    turns = check_int("turns", turns, minimum=1, maximum=20)
+    length = context_needed(turns, 1, system_tokens)
+    blocks = -(-length // 16) * (
+        1 + 4 + 1
+    )  # slot and off hold one context, blocks mode four (Engine's default)
+    mib = (warmup + repeats) * blocks * 16 * ModelConfig().kv_bytes_per_token() / MiB
+    if mib > LIMITS.memory_mib:
+        raise InvalidArgumentError(
+            f"{3 * (warmup + repeats)} engines for a {length:,}-token context would take {mib:,.0f} MiB of KV, "
+            f"more than LIMITS.memory_mib ({LIMITS.memory_mib:,}): use fewer system_tokens or repeats"
         )
-        runs[mode] = run_chat(
-            engine, turns=3, max_tokens=1, system_tokens=system_tokens, repeats=repeats, warmup=1
+    engines = {
+        mode: [Engine(cache=mode, block_size=16, max_model_len=length, device=device) for _ in range(warmup + repeats)]
+        for mode in MODES
+    }  # fmt: skip
+    first = engines[MODES[0]][0]  # its tokenizer renders every prompt (all engines share the same one)
+    system = system_prompt(system_tokens)
+    history: dict[str, list[Message]] = {mode: [] for mode in MODES}
+    prompts: dict[str, list[list[int]]] = {mode: [] for mode in MODES}
+    samples: dict[str, list[list[tuple[GenerationResult, float]]]] = {
+        m: [[] for _ in range(turns)] for m in MODES
+    }
+    reps = warmup + repeats
+    for r in range(turns + reps - 1):
+        order = MODES[r % len(MODES) :] + MODES[: r % len(MODES)]
+        for e in range(reps):
+            k = r - e
+            if not 0 <= k < turns:
+                continue
+            for mode in order:
+                if k == len(prompts[mode]):  # repetition 0 is first to play turn k
+                    msgs = [Message("system", system), *history[mode], Message("user", user_message(k))]
+                    prompts[mode].append(list(render(msgs, first.tokenizer).tokens))
+                cpu0 = time.process_time()
+                result = engines[mode][e].generate(prompts[mode][k], max_tokens=1)
+                sample = (result, (time.process_time() - cpu0) * 1e3)
+                if e == 0:
+                    reply = first.decode_text(result.output_tokens)
+                    history[mode] += [Message("user", user_message(k)), Message("assistant", reply)]
+                if e >= warmup:
+                    samples[mode][k].append(sample)
+    return {mode: [_turn_result(k, turn, first) for k, turn in enumerate(samples[mode])] for mode in MODES}
+
+
+def _turn_result(k: int, turn: list[tuple[GenerationResult, float]], engine: Engine) -> ChatTurnResult:
+    """One turn's repeated samples as a ChatTurnResult (every repetition must have served it alike)."""
+    result = turn[0][0]
+    if any((r.cache_n, r.output_tokens) != (result.cache_n, result.output_tokens) for r, _ in turn):
+        raise AssertionError("engines built alike served the same turn differently")  # pragma: no cover
+    ttft = Timing(tuple(r.ttft_ms for r, _ in turn), tuple(cpu for _, cpu in turn))
+    return ChatTurnResult(
+        k + 1, result.prompt_tokens, result.cache_n, result.prompt_n, ttft.median_ms,
+        engine.decode_text(result.output_tokens), ttft,
+    )  # fmt: skip
+
+
+def _runs(runs: object) -> dict[str, list[ChatTurnResult]]:
+    """What ``ttft_by_mode`` returns: the three modes, each the same number of timed turns."""
+    if not isinstance(runs, dict) or set(runs) != set(MODES):
+        raise InvalidArgumentError(
+            f"runs must be what ttft_by_mode returns (a dict of {MODES}), got {type(runs).__name__}"
         )
-    return runs
+    out = {}
+    for mode in MODES:
+        turns = check_items(f"runs[{mode!r}]", runs[mode], "turns")
+        if not turns or not all(isinstance(t, ChatTurnResult) and isinstance(t.ttft, Timing) for t in turns):
+            raise InvalidArgumentError(f"runs[{mode!r}] must be a non-empty list of timed ChatTurnResults")
+        out[mode] = turns
+    if len({len(t) for t in out.values()}) != 1:
+        raise InvalidArgumentError("every mode must have played the same number of turns")
+    return out
 
 
 def ttft_lines(runs: dict[str, list[ChatTurnResult]]) -> list[str]:
-    """Each mode's turns (median and IQR), then every later turn against turn 1, decided from the spreads."""
+    """Each mode's turns (median and IQR); whether the cold turn 1s agree; every cached turn against the off mode's same turn."""
+    runs = _runs(runs)
     out = []
     for mode, turns in runs.items():
         cells = "   ".join(
@@ -370,23 +496,61 @@ def ttft_lines(runs: dict[str, list[ChatTurnResult]]) -> list[str]:
         )
         out.append(f"{mode:<7}{cells}   cache_n {[t.cache_n for t in turns]}")
     out += [f"(median time to first token of {runs['slot'][0].ttft.repeats} runs, IQR in brackets)", ""]
-    for mode, turns in runs.items():
-        cold = turns[0].ttft
-        for t in turns[1:]:
-            cpu = cold.cpu_median_ms / t.ttft.cpu_median_ms if t.ttft.cpu_median_ms else float("inf")
+    out.append(cold_turns_line(runs))
+    off = runs["off"]
+    for mode in ("slot", "blocks"):
+        for t, same in zip(runs[mode][1:], off[1:], strict=True):
+            cpu = same.ttft.cpu_median_ms / t.ttft.cpu_median_ms if t.ttft.cpu_median_ms else float("inf")
             out.append(
-                f"{mode:<7}" + _verdict(t.ttft, cold, f"turn {t.turn}", "turn 1") + f"; CPU {cpu:.1f}x"
+                f"{mode:<7}"
+                + _verdict(t.ttft, same.ttft, f"turn {t.turn}", f"off's turn {t.turn}")
+                + f"; CPU {cpu:.1f}x"
             )
     return out
 
 
+COLD_TOLERANCE = 1.10
+"""Turn 1s whose IQRs are apart still count as agreeing when their medians are this close (10%)."""
+
+
+def cold_turns_line(runs: dict[str, list[ChatTurnResult]]) -> str:
+    """Whether the three modes' turn 1s (the same prompt, all prefilled) agree: IQRs overlapping, or medians within 10%."""
+    runs = _runs(runs)
+    cold = {mode: turns[0].ttft for mode, turns in runs.items()}
+    apart = [(a, b) for a, b in itertools.permutations(cold, 2) if cold[a].clearly_faster_than(cold[b])]
+    fastest = min(cold, key=lambda m: cold[m].median_ms)
+    slowest = max(cold, key=lambda m: cold[m].median_ms)
+    spread = cold[slowest].ratio_to(cold[fastest])
+    sizes = sorted({turns[0].prompt_n for turns in runs.values()})
+    head = (
+        f"turn 1 prefills all {sizes[0]:,} prompt tokens in every mode: " if len(sizes) == 1 else "turn 1: "
+    )
+    if not apart:
+        return head + "the three medians agree within their IQRs (no mode clearly faster), as they should"
+    if spread <= COLD_TOLERANCE:
+        return head + (
+            f"the medians are within {100 * (spread - 1):.0f}% of each other ({fastest} fastest, {slowest} "
+            "slowest; their IQRs are narrower than that), small next to the factors below"
+        )
+    a, b = apart[0]
+    return head + (
+        f"{a} was clearly faster than {b} ({cold[b].ratio_to(cold[a]):.2f}x) on the same work: "
+        "noise or a one-time cost fell on one mode; the comparisons below use the off mode's same turn"
+    )
+
+
 def least_speedup(runs: dict[str, list[ChatTurnResult]], modes: Sequence[str] = ("slot", "blocks")) -> float:
-    """The smallest factor by which a later turn beat turn 1 across the IQRs, over ``modes``: the run's worst case."""
+    """The smallest factor, across the IQRs, by which a cached turn beat the off mode's same turn: the run's worst case."""
+    runs = _runs(runs)
+    modes = [check_choice("a mode", m, ("slot", "blocks")) for m in check_items("modes", modes)]
+    if not modes or (len(runs["off"]) < 2):
+        raise InvalidArgumentError("least_speedup needs at least one cached mode and at least two turns")
+    off = runs["off"]
     return min(
-        turns[0].ttft.ratio_spread(t.ttft)[0]
+        same.ttft.ratio_spread(t.ttft)[0]
         for mode, turns in runs.items()
         if mode in modes
-        for t in turns[1:]
+        for t, same in zip(turns[1:], off[1:], strict=True)
     )
 
 
@@ -448,35 +612,143 @@ def http_ttft_lines(times: dict[str, Timing], part_eight_least: float) -> list[s
     return out
 
 
-def sweep_lines(sweep: dict[int, Timing], fit: int) -> list[str]:
-    """Throughput per number of clients, each doubling decided from the spreads, and where the pool limits it."""
-    out = []
-    for clients, t in sweep.items():
-        low, high = sweep[1].ratio_spread(t)
-        out.append(
-            f"{clients} client{'s' if clients > 1 else ' '}: {1e3 / t.median_ms:6.0f} tokens/s "
-            f"({t.median_ms:.2f} ms per token, IQR {t.q1_ms:.2f}-{t.q3_ms:.2f})  "
-            f"{sweep[1].ratio_to(t):.2f}x one client's ({low:.2f}-{high:.2f}x across the IQRs)"
+@dataclass(frozen=True)
+class Batching:
+    """Part nine, counted: how many requests each decode step advanced with ``clients`` clients (the scheduler's counters)."""
+
+    clients: int
+    requests: int
+    decode_steps: int
+    decoded_sequences: int
+    most_at_once: int  # the largest decode batch of the run
+
+    @property
+    def per_step(self) -> float:
+        """Requests per decode step: the mean decode batch (``kvlab:decoded_sequences_total / decode_steps_total``)."""
+        return self.decoded_sequences / self.decode_steps if self.decode_steps else 0.0
+
+
+def requests_per_step(
+    prompts: Sequence[str],
+    clients: Sequence[int] = (1, 2, 4, 8),
+    *,
+    requests_per_client: int = 2,
+    max_tokens: int = 32,
+    num_blocks: int = 32,
+    block_size: int = 16,
+    max_model_len: int = 512,
+) -> dict[int, Batching]:
+    """Play ``clients`` closed-loop clients on ``kvlab serve``'s scheduler in this process, stepped by hand.
+
+    Each client sends a prompt and, when it finishes, the next one, as ``concurrency_sweep``'s
+    clients do over HTTP, but with no clock in the loop: the counts are the same on every run and
+    every machine. The pool (``num_blocks`` of ``block_size``) is the one part nine's server has.
+    """
+    from kvlab.engine.scheduler import Scheduler
+
+    texts = [check_text("a prompt", p, allow_empty=False) for p in check_items("prompts", prompts)]
+    counts = [check_size("a client count", c, "count", minimum=1) for c in check_items("clients", clients)]
+    per_client = check_size("requests_per_client", requests_per_client, "count", minimum=1)
+    max_tokens = check_size("max_tokens", max_tokens, "tokens", minimum=1)
+    if not counts or len(texts) < max(counts) * per_client:
+        raise InvalidArgumentError(
+            f"give at least one client count and clients x requests_per_client prompts, got {len(texts)} prompts"
         )
-    out.append("")
-    counts = sorted(sweep)
-    for fewer, more in zip(counts, counts[1:], strict=False):
-        low, high = sweep[fewer].ratio_spread(sweep[more])
-        verdict = "clearly more" if sweep[more].clearly_faster_than(sweep[fewer]) else "not clearly more"
+    engine = Engine(cache="blocks", block_size=block_size, num_blocks=num_blocks, max_model_len=max_model_len)
+    out = {}
+    for c in counts:
+        engine.prefix_cache = PrefixCache(engine.pool.num_blocks, engine.block_size)  # each run starts cold
+        scheduler = Scheduler(engine)
+        todo = [engine.tokenizer.encode(t) for t in texts[: c * per_client]]
+
+        def send(_: object = None, scheduler: Scheduler = scheduler, todo: list = todo) -> None:
+            if todo:
+                scheduler.submit(todo.pop(0), max_tokens=max_tokens, on_finish=send)
+
+        for _ in range(c):
+            send()
+        most = 0
+        while scheduler.has_work():
+            before = scheduler.counters.decoded_sequences
+            scheduler.step()
+            most = max(most, scheduler.counters.decoded_sequences - before)
+        k = scheduler.counters
+        out[c] = Batching(c, c * per_client, k.decode_steps, k.decoded_sequences, most)
+    return out
+
+
+def batching_lines(counts: dict[int, Batching], fit: int) -> list[str]:
+    """One line per client count, then whether the decode batch stops at kvlab's predicted limit."""
+    out = [
+        f"{c} client{'s' if c > 1 else ' '}: {b.requests:2d} requests, {b.decode_steps:3d} decode steps, "
+        f"{b.per_step:.2f} requests per step on average, at most {b.most_at_once} in one step"
+        for c, b in counts.items()
+    ]
+    capped = [c for c in counts if c > fit]
+    if capped:
+        most = max(counts[c].most_at_once for c in capped)
         out.append(
-            f"{more} clients against {fewer}: {verdict} throughput, {sweep[fewer].ratio_to(sweep[more]):.2f}x "
-            f"({low:.2f}-{high:.2f}x across the IQRs)"
-        )
-    if 1 in sweep and 2 in sweep and fit in sweep and 2 * fit in sweep:
-        first_least = sweep[1].ratio_spread(sweep[2])[0]
-        past_most = sweep[fit].ratio_spread(sweep[2 * fit])[1]
-        out.append(
-            f"past the pool's {fit} requests, doubling the clients gained at most {past_most:.2f}x across the IQRs; "
-            f"the first doubling at least {first_least:.2f}x: "
+            f"with more than {fit} clients the largest decode batch is {most}: "
             + (
-                "the pool, not the clients, is the limit"
-                if past_most < first_least
-                else "no clear limit in this run"
+                f"the {fit} kvlab's model predicted for the pool; the other requests waited for blocks"
+                if most == fit
+                else f"not the {fit} kvlab's model predicted"
             )
         )
     return out
+
+
+def sweep_lines(sweep: dict[int, Timing], fit: int) -> list[str]:
+    """Throughput per number of clients, each doubling decided from the spreads, then one conclusion line."""
+    out = []
+    for clients, t in sweep.items():
+        against = ""
+        if clients != 1 and 1 in sweep:
+            low, high = sweep[1].ratio_spread(t)
+            against = f"  {sweep[1].ratio_to(t):.2f}x one client's ({low:.2f}-{high:.2f}x across the IQRs)"
+        out.append(
+            f"{clients} client{'s' if clients > 1 else ' '}: {1e3 / t.median_ms:6.0f} tokens/s "
+            f"({t.median_ms:.2f} ms per token, IQR {t.q1_ms:.2f}-{t.q3_ms:.2f}){against}"
+        )
+    out.append("")
+    counts = sorted(sweep)
+    gained: dict[int, bool] = {}
+    for fewer, more in zip(counts, counts[1:], strict=False):
+        low, high = sweep[fewer].ratio_spread(sweep[more])
+        gained[more] = sweep[more].clearly_faster_than(sweep[fewer])
+        out.append(
+            f"{more} clients against {fewer}: {'clearly more' if gained[more] else 'not clearly more'} "
+            f"throughput, {sweep[fewer].ratio_to(sweep[more]):.2f}x ({low:.2f}-{high:.2f}x across the IQRs)"
+        )
+    factors = {
+        more: sweep[fewer].ratio_to(sweep[more]) for fewer, more in zip(counts, counts[1:], strict=False)
+    }
+    out.append(_sweep_conclusion(gained, fit, factors))
+    return out
+
+
+def _sweep_conclusion(gained: dict[int, bool], fit: int, factors: dict[int, float] | None = None) -> str:
+    """What this run's doublings support, up to the pool's limit and past it (with the factors when given)."""
+    below = [gained[c] for c in gained if c <= fit]
+    above = [c for c in gained if c > fit]
+    if not below:
+        line = "in this run"
+    elif all(below):
+        line = f"in this run every doubling up to {fit} clients clearly raised the throughput"
+    elif any(below):
+        line = f"in this run some doublings up to {fit} clients clearly raised the throughput, not all"
+    else:
+        line = f"in this run no doubling up to {fit} clients clearly raised the throughput"
+    if above:
+        line += ("; past" if below else " past") + f" the pool's {fit} requests "
+        if any(gained[c] for c in above):
+            line += "a doubling still clearly raised it"
+            if factors:
+                first = min(factors)
+                line += (
+                    f", by {max(factors[c] for c in above):.2f}x at most, against {factors[first]:.2f}x "
+                    f"for the doubling to {first} clients"
+                )
+        else:
+            line += "no doubling clearly raised it"
+    return line

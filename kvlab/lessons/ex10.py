@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from kvlab.core.chat_format import Message, Tokenizer, render, reply_tokens
 from kvlab.core.snapshots import RequestRecord, Step
-from kvlab.errors import LIMITS, InvalidArgumentError, check_bool, check_items, check_size, check_text
+from kvlab.errors import InvalidArgumentError, check_bool, check_items, check_size, check_text
 from kvlab.server.conversation import ChatTurn, TurnCounters, predicted_cache_n, replay_chat, tokens_processed
 from kvlab.server.slots import SlotServer
 from kvlab.views import cache_n_figure
@@ -88,13 +88,9 @@ def arithmetic_report(
 
 def _counters(name: str, turns: object) -> list[TurnCounters]:
     """A run's recorded counters: a non-empty list of TurnCounters (at most LIMITS.turns)."""
-    if isinstance(turns, (str, bytes)) or not isinstance(turns, Sequence):
-        raise InvalidArgumentError(f"{name} must be a list of TurnCounters, got {type(turns).__name__}")
-    items = list(turns[: LIMITS.turns + 1])
+    items = check_items(name, turns, "turns", what="a list of TurnCounters")
     if not items:
         raise InvalidArgumentError("give at least one turn for each run")
-    if len(items) > LIMITS.turns:
-        raise InvalidArgumentError(f"{name} has more than {LIMITS.turns:,} turns (LIMITS.turns)")
     for i, t in enumerate(items):
         if not isinstance(t, TurnCounters):
             raise InvalidArgumentError(f"{name}[{i}] must be a TurnCounters, got {type(t).__name__}")
@@ -211,11 +207,31 @@ def on_real_server(chat: bool = True) -> list[str]:
         if chat
         else []
     )
-    lines += side_by_side(
-        "a 300-token prompt on 256-token slots, -np 2", *run_slots(refusal, n_slots=2, n_ctx=256), cols
-    )
+    real, ours = run_slots(refusal, n_slots=2, n_ctx=256)
+    lines += side_by_side("a 300-token prompt on 256-token slots, -np 2", real, ours, cols)
+    lines.append(refusal_line(real, ours))
     lines += side_by_side("n_predict 0, -np 1", *run_slots(zero, n_ctx=512), cols)
     return lines
+
+
+def refusal_line(real: list[dict], ours: list[dict], refused: int = 2) -> str:
+    """Which slot the refused request (counted from 1) took in kvlab's model, and where the next one went.
+
+    The real server's HTTP 400 names no slot, so the slot comes from kvlab's model, which the next
+    request's slot (real and modelled) then confirms: the refused request's slot was marked as just
+    used, so the next request goes to the other, least recently used, one.
+    """
+    if not 1 <= refused < len(ours) or len(real) != len(ours):
+        raise InvalidArgumentError(
+            "give the real and kvlab rows of the same requests, with one after the refused one"
+        )
+    slot = ours[refused - 1]["slot"]
+    after_real, after_ours = real[refused].get("slot"), ours[refused].get("slot")
+    return (
+        f"  request {refused} was refused after kvlab's model placed it on slot {slot} (the real server's HTTP 400 "
+        f"names no slot); that slot now counts as just used, so request {refused + 1} went to slot "
+        f"{after_real} | {after_ours}"
+    )
 
 
 # ---------------------------------------------------------------------------- notebook 10's helpers
@@ -236,6 +252,18 @@ TWO_AGENTS: dict[str, tuple[str, tuple[str, ...]]] = {
 """Two agents with different system prompts, three turns each (notebook 10, several slots)."""
 
 AgentRun = list[tuple[str, RequestRecord]]
+
+
+def _agent_run(name: str, run: object) -> AgentRun:
+    """A run of ``take_turns``: a list of (agent name, RequestRecord)."""
+    items = check_items(name, run, what="a list of (agent, RequestRecord) pairs")
+    for item in items:
+        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
+                and isinstance(item[1], RequestRecord)):  # fmt: skip
+            raise InvalidArgumentError(
+                f"{name} must hold (agent, RequestRecord) pairs, as take_turns returns"
+            )
+    return items  # type: ignore[return-value]
 
 
 def _server(server: object) -> SlotServer:
@@ -275,16 +303,33 @@ def two_agents_on_three_servers() -> dict[str, AgentRun]:
     return {label: take_turns(server) for label, server in servers.items()}
 
 
+_HOW = {"lru": "least recently used", "lcp": "similarity", "id": "id_slot"}
+"""How ``agent_lines`` names a ``RequestRecord.selected_by``: ``lcp`` is the longest common prefix's share of the prompt."""
+
+
 def agent_lines(results: dict[str, AgentRun]) -> list[str]:
-    """One line per request: the agent, its slot and how it was chosen, its counters and the RAM cache's moves."""
-    lines = []
+    """One line per request: the agent, its slot and how it was chosen, its counters and the RAM cache's moves.
+
+    A slot chosen by similarity shows the share of the prompt that its longest common prefix with the
+    slot covers (llama-server's ``lcp`` similarity).
+    """
+    if not isinstance(results, dict) or not all(isinstance(k, str) for k in results):
+        raise InvalidArgumentError(
+            "results must map a server's label to its run, as two_agents_on_three_servers returns"
+        )
+    results = {label: _agent_run(f"results[{label!r}]", run) for label, run in results.items()}
+    lines = [
+        "(slot chosen by similarity: the share of the prompt its longest common prefix with the slot covers)"
+    ]
     for label, records in results.items():
         lines.append(label)
         for i, (name, r) in enumerate(records, 1):
-            how = r.selected_by + ("" if r.similarity is None else f" {r.similarity:.2f}")
+            how = _HOW.get(r.selected_by, r.selected_by) + (
+                "" if r.similarity is None else f" {r.similarity:.2f}"
+            )
             ram = (", saved to RAM" if r.ram_saved else "") + (", loaded from RAM" if r.ram_loaded else "")
             lines.append(
-                f"  {i}. {name:<8} slot {r.slot_id} by {how:<8}  prompt {r.prompt_tokens:>3}  "
+                f"  {i}. {name:<8} slot {r.slot_id} by {how:<19}  prompt {r.prompt_tokens:>3}  "
                 f"cache_n {r.cache_n:>3}  prompt_n {r.prompt_n:>3}{ram}"
             )
     return lines
@@ -293,6 +338,7 @@ def agent_lines(results: dict[str, AgentRun]) -> list[str]:
 def same_counters_from(a: AgentRun, b: AgentRun) -> int | None:
     """The first request (counting from 1) from which ``a`` and ``b`` report the same cache_n and prompt_n
     on every request to the end, or None when their last requests already differ."""
+    a, b = _agent_run("a", a), _agent_run("b", b)
     if len(a) != len(b) or not a:
         raise InvalidArgumentError("give two runs of the same, non-zero number of requests")
     first = None
@@ -305,19 +351,25 @@ def same_counters_from(a: AgentRun, b: AgentRun) -> int | None:
 
 
 def where_matches_stop(
-    server: SlotServer, tokenizer: Tokenizer, requests: Sequence[int] = (1, 5)
+    server: SlotServer, tokenizer: Tokenizer, requests: Sequence[int] = (2, 6)
 ) -> list[str]:
-    """For each placed request (0-based, in arrival order), its ``cache_n`` and the text on both sides of it."""
+    """For each request the server placed (numbered from 1 in arrival order), its ``cache_n`` and the text on both sides of it."""
     server = _server(server)
+    if not isinstance(tokenizer, Tokenizer):
+        raise InvalidArgumentError(f"tokenizer must be a kvlab Tokenizer, got {type(tokenizer).__name__}")
     placed = [step for step in server.history if step.event.kind == "slots.place"]
+    numbers = [
+        check_size("a request number", n, "count", minimum=1) for n in check_items("requests", requests)
+    ]
+    for n in numbers:
+        if n > len(placed):
+            raise InvalidArgumentError(f"the server placed {len(placed)} requests; there is no request {n}")
     lines = []
-    for i in check_items("requests", requests):
-        i = check_size("request", i, "count")
-        if i >= len(placed):
-            raise InvalidArgumentError(f"the server placed {len(placed)} requests; there is no request {i}")
-        prompt, cache_n = placed[i].state.slots[0].tokens, placed[i].state.last.cache_n
+    for n in numbers:
+        step = placed[n - 1]
+        prompt, cache_n = step.state.slots[step.state.last.slot_id].tokens, step.state.last.cache_n
         lines += [
-            f"request {i + 1}: cache_n {cache_n} of {len(prompt)} tokens",
+            f"request {n}: cache_n {cache_n} of {len(prompt)} tokens",
             "  end of the reused part: " + repr(tokenizer.decode(prompt[:cache_n])[-40:]),
             "  processed:              " + repr(tokenizer.decode(prompt[cache_n:])[:90]),
         ]
@@ -402,6 +454,7 @@ def chat_over_http(
 def compare_runs(a: AgentRun, b: AgentRun, a_name: str, b_name: str) -> list[str]:
     """From which request ``b``'s counters equal ``a``'s to the end, and each earlier request where they differ."""
     a_name, b_name = check_text("a_name", a_name), check_text("b_name", b_name)
+    a, b = _agent_run("a", a), _agent_run("b", b)
     agree = same_counters_from(a, b)
     lines = [
         f"{b_name}: cache_n and prompt_n equal {a_name}'s from request {agree} on"

@@ -92,7 +92,76 @@ def test_verdicts_come_from_the_spreads():
     sweep = {1: slow, 2: fast, 4: fast, 8: fast}
     lines = demo.sweep_lines(sweep, fit=4)
     assert "2 clients against 1: clearly more" in "\n".join(lines)
-    assert lines[-1].endswith("the pool, not the clients, is the limit") or "no clear limit" in lines[-1]
+    assert "4 clients against 2: not clearly more" in "\n".join(lines)
+    assert lines[-1] == (
+        "in this run some doublings up to 4 clients clearly raised the throughput, not all; "
+        "past the pool's 4 requests no doubling clearly raised it"
+    )
+    assert "one client's" not in lines[0], "one client is not compared with itself"
+
+
+def test_sweep_conclusion_follows_every_verdict():
+    assert demo._sweep_conclusion({2: True, 4: True, 8: False}, 4).startswith("in this run every doubling")
+    assert demo._sweep_conclusion({2: False, 4: False, 8: True}, 4) == (
+        "in this run no doubling up to 4 clients clearly raised the throughput; "
+        "past the pool's 4 requests a doubling still clearly raised it"
+    )
+    with_factors = demo._sweep_conclusion({2: True, 4: True, 8: True}, 4, {2: 1.6, 4: 1.5, 8: 1.02})
+    assert with_factors.endswith(
+        "clearly raised it, by 1.02x at most, against 1.60x for the doubling to 2 clients"
+    )
+
+
+def test_goal_line_is_decided_from_the_spread():
+    sdpa = Timing((1.0, 1.0, 1.0, 1.0), (1.0,) * 4)
+    assert "met in this run" in demo.goal_line(Timing((1.1,) * 4, (1.1,) * 4), sdpa, "paged torch")
+    assert "not met in this run" in demo.goal_line(Timing((1.3,) * 4, (1.3,) * 4), sdpa, "paged torch")
+    straddle = Timing((1.0, 1.1, 1.3, 1.4), (1.0,) * 4)
+    assert "undecided in this run" in demo.goal_line(straddle, sdpa, "paged torch")
+
+
+def test_requests_per_step_counts_the_schedulers_batches(one_thread):
+    from kvlab.engine.chat import system_prompt
+
+    prompts = [f"Request {i}:" + system_prompt(80) for i in range(8)]
+    counts = demo.requests_per_step(prompts, (1, 2, 4), requests_per_client=1, max_tokens=32)
+    assert [counts[c].most_at_once for c in (1, 2, 4)] == [1, 2, 4]  # 8 blocks each: 4 fit the 32-block pool
+    assert all(b.per_step == c for c, b in counts.items())
+    assert counts == demo.requests_per_step(prompts, (1, 2, 4), requests_per_client=1, max_tokens=32)
+    capped = demo.requests_per_step(prompts, (8,), requests_per_client=1, max_tokens=32)[8]
+    assert capped.most_at_once == 4 and capped.per_step == 4.0
+    lines = demo.batching_lines({**counts, 8: capped}, fit=4)
+    assert lines[-1].startswith("with more than 4 clients the largest decode batch is 4: the 4 kvlab's model")
+
+
+def _cold(*medians: float) -> dict:
+    from kvlab.engine.chat import ChatTurnResult
+
+    def turn(m: float) -> ChatTurnResult:
+        t = Timing((m * 0.99, m, m * 1.01), (m, m, m))
+        return ChatTurnResult(1, 500, 0, 500, m, "", t)
+
+    return {mode: [turn(m)] for mode, m in zip(("slot", "blocks", "off"), medians, strict=True)}
+
+
+def test_cold_turns_line_has_three_outcomes():
+    assert "agree within their IQRs" in demo.cold_turns_line(_cold(100.0, 100.5, 100.2))
+    assert "within 5% of each other (slot fastest, off slowest" in demo.cold_turns_line(
+        _cold(100.0, 102.0, 105.0)
+    )
+    assert "slot was clearly faster than blocks (1.50x)" in demo.cold_turns_line(_cold(100.0, 150.0, 101.0))
+
+
+def test_ttft_by_mode_interleaves_the_modes_and_compares_with_off(one_thread):
+    runs = demo.ttft_by_mode(40, repeats=2, turns=2)
+    assert list(runs) == ["slot", "blocks", "off"]
+    assert all(t.ttft.repeats == 2 for turns in runs.values() for t in turns)
+    assert [t.cache_n for t in runs["off"]] == [0, 0] and runs["slot"][1].cache_n > 0
+    assert len({turns[0].prompt_tokens for turns in runs.values()}) == 1  # the same turn 1 everywhere
+    lines = demo.ttft_lines(runs)
+    assert lines[5].startswith("turn 1 prefills all")
+    assert any("off's turn 2" in line for line in lines)
+    assert demo.least_speedup(runs) > 0
 
 
 @pytest.mark.parametrize(
@@ -114,6 +183,20 @@ def test_verdicts_come_from_the_spreads():
         lambda: demo.sync_for("gpu"),
         lambda: demo.clock_for("tpu"),
         lambda: demo.on_clock(Timing((1.0,), (1.0,)), "sundial"),
+        lambda: demo.ttft_by_mode(0),
+        lambda: demo.ttft_by_mode(1_000_000),  # 18 engines of a 1M-token context: refused before any is built
+        lambda: demo.ttft_lines(None),
+        lambda: demo.cold_turns_line({"slot": []}),
+        lambda: demo.least_speedup(None),
+        lambda: demo.goal_line(None, None, "x"),
+        lambda: demo.goal_line(Timing((1.0,), (1.0,)), Timing((1.0,), (1.0,)), "x", goal=0),
+        lambda: demo.dense_attention(None, None, None),
+        lambda: demo.paged_batch([4], 4, dtype="float32"),
+        lambda: demo.ttft_by_mode(10, repeats=0),
+        lambda: demo.ttft_by_mode(10, device="tpu"),
+        lambda: demo.requests_per_step(["a prompt"], (2,)),
+        lambda: demo.requests_per_step(["a prompt"], (0,)),
+        lambda: demo.requests_per_step("a prompt"),
     ],
 )
 def test_bad_input_is_refused_with_kvlabs_error(call):

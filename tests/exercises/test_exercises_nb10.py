@@ -28,7 +28,19 @@ def test_turn_five(feedback):
         ([122, 0], "size of turn 5's prompt"),
         ([107, 22], "prompt_n is the rest"),
         ([107], "[cache_n, prompt_n]"),
+        ([106, 16], "only the very last was never read back"),
+        ([90, 32], "turn 4's whole 100-token prompt"),
+        ([115, 7], "Too many"),
+        ([130, 0], "has only 122"),
     ])  # fmt: skip
+
+
+def test_turn_five_hints_never_give_the_whole_rule():
+    from kvlab.exercises.nb10 import turn_five  # noqa: F401  (registers 10.1)
+
+    hints = ex.exercises("10")[0].hints
+    assert len(hints) == 3
+    assert not any("max_tokens − 1" in h or "max_tokens - 1" in h for h in hints)
 
 
 def test_the_token_that_is_never_cached():
@@ -36,6 +48,9 @@ def test_the_token_that_is_never_cached():
     assert "never computed" in ex.check("10.2", 61).message
     assert "whole new prompt" in ex.check("10.2", 71).message
     assert "*whole* prompt" in ex.check("10.2", 59).message
+    assert "Too few" in ex.check("10.2", 40).message
+    assert "was its KV ever computed" in ex.check("10.2", 65).message
+    assert "more than the second prompt's 71" in ex.check("10.2", 80).message
 
 
 def test_which_slot_the_second_agent_gets():

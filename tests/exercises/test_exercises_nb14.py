@@ -22,6 +22,9 @@ def test_14_1_row_read():
     assert "physical block" in ex.check("14.1", 8).message
     assert "add the token's offset" in ex.check("14.1", 8 * 16).message
     assert "wrong block" in ex.check("14.1", 21 * 16 + 2).message
+    assert "Right block" in ex.check("14.1", 131).message and "offset 3" in ex.check("14.1", 131).message
+    assert "entry 2 of the table" in ex.check("14.1", 21 * 16 + 5).message
+    assert "not in any of this sequence's blocks" in ex.check("14.1", 7).message
     assert ex.check("14.1", "130").status == ex.NOT_YET  # a string, not a whole number
 
 
@@ -58,6 +61,7 @@ def test_14_4_next_turn():
     assert "fill blocks too" in ex.check("14.4", [116, 96]).message
     assert "multiple of 16" in ex.check("14.4", [116, 120]).message
     assert "two whole numbers" in ex.check("14.4", [116]).message
+    assert not any("8 - 1" in h or "+ 8" in h for h in ex.exercises("14")[3].hints)
 
 
 def test_14_4_small_model_gives_the_notebooks_counters():
