@@ -179,4 +179,11 @@ def whose_slot(answer: list[Any]) -> str:
         raise NotYet(f"Physical block {WHOSE_SLOT // BLOCK} is not in {seq}'s block table.")
     if pos == WHOSE_SLOT % BLOCK:
         raise NotYet("That is the offset inside the block; add the tokens of the logical blocks before it.")
+    held = pool.num_tokens(seq)
+    if not 0 <= pos < held:
+        slot = f" ({WHOSE_SLOT} is the slot's number, not a position)" if pos == WHOSE_SLOT else ""
+        raise NotYet(
+            f"{seq} holds positions 0-{held - 1}, so position {pos} is past its end{slot}. "
+            "Find the slot's physical block first, then its place in the block table."
+        )
     raise NotYet(f"Position {pos} of {seq} lives in another slot; translate it forward to see where.")

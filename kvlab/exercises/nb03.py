@@ -89,6 +89,11 @@ def _fill_cases(rng: random.Random | None) -> list[tuple[list[int], int, int]]:
     return cases
 
 
+def _shown(lengths: list[int]) -> str:
+    """The lengths as a message names them: the lesson's 40 by name, others in full."""
+    return "the lesson's 40 requests" if len(lengths) == 40 else f"{lengths}"
+
+
 @exercise(
     "03.3",
     title="Write the paged fill",
@@ -113,11 +118,16 @@ def paged_fill(answer: Any, cases: list[tuple[list[int], int, int]]) -> str:
         if not isinstance(got, (list, tuple)) or len(got) != 3:
             raise NotYet(f"Return three numbers (requests, tokens_stored, wasted_slots); got {brief(got)}.")
         if list(got) != expected:
+            if isinstance(got[2], (int, float)) and not isinstance(got[2], bool) and got[2] < 0:
+                raise NotYet(
+                    f"paged_fill({_shown(lengths)}, {pool_size}, {block_size}) returned {tuple(got)}: negative "
+                    "waste means the blocks hold fewer slots than the tokens stored, the sign of a block count "
+                    "rounded down. A request takes ceil(length / block_size) blocks, rounded up."
+                )
             names = ["requests", "tokens_stored", "wasted_slots"]
             wrong = [n for n, g, e in zip(names, got, expected, strict=True) if g != e]
-            shown = "the lesson's 40 requests" if len(lengths) == 40 else f"{lengths}"
             raise NotYet(
-                f"paged_fill({shown}, {pool_size}, {block_size}) returned {tuple(got)}; "
+                f"paged_fill({_shown(lengths)}, {pool_size}, {block_size}) returned {tuple(got)}; "
                 f"kvlab's fill_paged finds a different {', '.join(wrong)}."
             )
     return f"It agrees with kvlab's fill_paged on {len(cases)} pools, the lesson's 40 requests among them."

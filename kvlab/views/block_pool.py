@@ -5,7 +5,8 @@ the null block). A never-used block is on the free list like any other free bloc
 counts it as free ("3 free (never used)") and the legend calls it "free, never used"; the legend
 lists only the statuses the pool's blocks have (in any frame of an animation), so "free, cached"
 appears only once a block is cached. Whatever the last operation did (hit, allocated, copied,
-evicted) is outlined or crossed in the grid and in the tables. A highlighted
+evicted) is outlined or crossed in the grid and in the tables; a step that changed nothing (a request
+that waits) marks nothing, though its snapshot repeats the previous operation's marks. A highlighted
 token shows vLLM's slot mapping, read from the snapshot
 (``BlockPoolState.translate``): logical block, offset, physical block, slot.
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
@@ -70,6 +71,9 @@ STATUS_LEGEND: dict[str, str] = {
     "free": "free",
     "null": "null",
 }
+#: The id a block holds for a token written by count only (``kvlab.models.paged.UNKNOWN_TOKEN``): such a
+#: run has no token ids to show, so a hover says so instead of listing placeholders.
+NO_TOKEN_ID = -1
 #: The legend's name for the highlighted token's slot: the same in every frame (the hover names the slot).
 SLOT_LABEL = "the chosen token's slot"
 
@@ -154,7 +158,9 @@ def _block_cell(
     if owners:
         held = ", ".join(f"{rid} (logical {lg})" for rid, lg in owners)
         lines.append(f"ref count {block.ref_count}: {held}")
-    if block.tokens:
+    if block.tokens and all(t == NO_TOKEN_ID for t in block.tokens):
+        lines.append(f"{block.num_tokens}/{bs} tokens (no token ids in this run)")
+    elif block.tokens:
         lines.append(f"{block.num_tokens}/{bs} tokens {tokens_text(block.tokens)}")
     elif not block.is_null:
         lines.append(f"0/{bs} tokens")
@@ -494,6 +500,9 @@ def block_pool_spec(
     cannot show it, so an animation's legend is the same in every frame.
     """
     check_state("state", state, BlockPoolState)
+    if previous is not None:
+        check_state("previous", previous, BlockPoolState)
+        state = step_state(state, previous)
     shown = set(block_pool_marks(state) if legend_marks is None else legend_marks)
     try:
         hl = _check_highlight(state, highlight)
@@ -524,8 +533,23 @@ def block_pool_figure(
     return go.Figure(block_pool_spec(state, highlight=highlight, title=check_title(title)))
 
 
+def step_state(state: BlockPoolState, previous: BlockPoolState | None) -> BlockPoolState:
+    """``state`` with only the marks of its own step: none when the step changed nothing.
+
+    A snapshot carries what the pool's last operation did. A step that changes
+    nothing (a request that waits because its blocks do not fit) repeats the
+    snapshot before it, marks included; drawn as they are, they would show the
+    previous step's allocation as this step's.
+    """
+    if previous is None or state != previous:
+        return state
+    return replace(state, hit_block_ids=(), new_block_ids=(), evicted_block_ids=(), copied_blocks=())
+
+
 def block_pool_marks(state: BlockPoolState, previous: BlockPoolState | None = None) -> set[str]:
-    """The marks a block-pool snapshot shows: what its operation hit, allocated, copied, evicted."""
+    """The marks a block-pool snapshot shows: what its operation hit, allocated, copied, evicted
+    (nothing, for a step that changed nothing since ``previous``)."""
+    state = step_state(state, previous)
     found = {"hit": state.hit_block_ids, "new": state.new_block_ids, "copied": state.copied_blocks,
              "evicted": state.evicted_block_ids}  # fmt: skip
     return {k for k, v in found.items() if v}
@@ -534,10 +558,11 @@ def block_pool_marks(state: BlockPoolState, previous: BlockPoolState | None = No
 def block_pool_hints(states: Sequence[BlockPoolState]) -> dict[str, Any]:
     """The room every snapshot of a history needs, so that all its frames share one set of axes."""
     labels = [table_label(rid, n) for s in states for rid, n in s.token_counts]
+    before = [None, *states][: len(states)]  # each snapshot's previous one: its own step's marks
     return {
         "table_rows": max((len(s.tables) for s in states), default=0),
         "table_cols": max((len(t) for s in states for _, t in s.tables), default=0),
         "label_px": _label_px(labels),
-        "legend_marks": set().union(*(block_pool_marks(s) for s in states)),
+        "legend_marks": set().union(*(block_pool_marks(s, p) for s, p in zip(states, before, strict=True))),
         "legend_statuses": set().union(*(block_statuses(s) for s in states)),
     }

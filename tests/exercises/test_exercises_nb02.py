@@ -22,3 +22,6 @@ def test_02_checkers_name_the_mistake():
     assert "offset inside the block" in ex.check("02.4", ["A", 5]).message
     assert "not in B's block table" in ex.check("02.4", ["B", 21]).message
     assert "sequence name and a position" in ex.check("02.4", [21]).message
+    past_end = ex.check("02.4", ["A", 37]).message
+    assert "positions 0-36" in past_end and "past its end" in past_end and "slot's number" in past_end
+    assert "another slot" not in past_end

@@ -35,3 +35,16 @@ def test_03_checkers_name_the_mistake():
     result = ex.check("03.3", skips_ahead)
     assert result.status == ex.NOT_YET and "requests" in result.message
     assert "three numbers" in ex.check("03.3", lambda lengths, pool, bs: 8).message
+
+    def rounds_down(lengths, pool_size, block_size):
+        free, out = pool_size // block_size, [0, 0, 0]
+        for n in lengths:
+            need = n // block_size
+            if need > free:
+                break
+            free -= need
+            out = [out[0] + 1, out[1] + n, out[2] + need * block_size - n]
+        return tuple(out)
+
+    rounded = ex.check("03.3", rounds_down).message
+    assert "(8, 7533, -61)" in rounded and "negative waste" in rounded and "rounded down" in rounded

@@ -15,3 +15,9 @@ def test_05_checkers_name_the_mistake():
     assert "whole blocks" in ex.check("05.2", 33).message
     assert ex.check("05.3", lambda s, bs: s // bs * bs).right
     assert "different number" in ex.check("05.3", lambda s, bs: s).message
+    rounded_up = ex.check("05.3", lambda s, bs: -(-s // bs) * bs)
+    assert "returned 80" in rounded_up.message and "rounds up" in rounded_up.message
+    assert "never shared" in rounded_up.message
+    for _ in range(3):  # no hint, however many tries, hands over the formula
+        hint = ex.check("05.3", lambda s, bs: -(-s // bs) * bs).hint or ""
+        assert "//" not in hint and "rounded down" not in hint

@@ -6,6 +6,9 @@
 - Block-pool vocabulary (02-05, 07): a never-used block is free, so the subtitle's free count is the
   free list the notebooks print beside it ("3 free (never used)", never "0 free ... 3 never used"), and
   the legend names only the statuses the pool's blocks have: no "free, cached" before notebook 07.
+- Block-pool marks (03, 04): a step that changes nothing (notebook 03's r8 waiting) marks nothing, though
+  its snapshot repeats the previous allocation's marks; the fixed legend lists only the marks some frame
+  draws. A hover never lists placeholder token ids ("[-1, -1, ...]") for a run written by count.
 - Captions: one arrow ("→") across the package, singular and plural nouns ("1 token", never
   "token(s)"), long block lists written as runs (an 88-block allocation filled notebook 03's title
   with ten lines of ids), thousands separators.
@@ -29,7 +32,8 @@ from kvlab.core.snapshots import Event
 from kvlab.errors import InvalidArgumentError
 from kvlab.lessons import ex01, ex02, ex03, ex04, ex05, ex07
 from kvlab.lessons.ex13 import example_13
-from kvlab.views import block_pool_animation, block_pool_figure, contiguous_figure
+from kvlab.models.paged import UNKNOWN_TOKEN
+from kvlab.views import block_pool_animation, block_pool_figure, contiguous_figure, theme
 from kvlab.views import text as text_package
 from kvlab.views._common import text_px
 from kvlab.views.agents import (
@@ -39,7 +43,7 @@ from kvlab.views.agents import (
     agent_turns_history,
     prompt_split_figure,
 )
-from kvlab.views.block_pool import SLOT_LABEL, block_pool_spec
+from kvlab.views.block_pool import NO_TOKEN_ID, SLOT_LABEL, block_pool_marks, block_pool_spec
 from kvlab.views.text import block_list, caption, captions, plural
 from kvlab.views.wrapping import title_lines
 
@@ -58,6 +62,56 @@ def block_pool_histories():
         "05": (ex05.example_5().history, None),
         "07": (ex07.example_7().history, None),
     }
+
+
+# ---------------------------------------------------------------------- block-pool marks and hovers
+
+
+def drawn_marks(data) -> set[str]:
+    """The mark kinds a frame draws (an outline or cross with at least one point)."""
+    names = {style["label"]: kind for kind, style in theme.MARK_STYLES.items()}
+    return {
+        names[t["name"]]
+        for t in data
+        if t.get("name") in names and any(x is not None for x in t.get("x") or [])
+    }
+
+
+def test_a_step_that_allocates_nothing_marks_nothing() -> None:
+    history = ex03.example_3().paged.history
+    last, before = history.steps[-1], history.steps[-2]
+    assert last.event.kind == "utilization.wait" and last.state == before.state  # r8 waits: nothing changes
+    assert last.state.new_block_ids  # the snapshot still carries r7's allocation
+    fig = block_pool_animation(history).to_dict()
+    assert drawn_marks(fig["frames"][-2]["data"]) == {"new"}  # r7's own step outlines its blocks
+    assert drawn_marks(fig["frames"][-1]["data"]) == set()
+    spec = block_pool_spec(last.state, before.state)
+    assert drawn_marks(spec["data"]) == set() and block_pool_marks(last.state, before.state) == set()
+    assert block_pool_marks(before.state, history.steps[-3].state) == {"new"}
+
+
+@pytest.mark.parametrize("notebook", ["02", "03", "04", "05"])
+def test_the_legend_lists_only_marks_some_frame_draws(notebook: str) -> None:
+    history, highlight = block_pool_histories()[notebook]
+    fig = block_pool_animation(history, highlight=highlight).to_dict()
+    drawn = set().union(*(drawn_marks(frame["data"]) for frame in fig["frames"]))
+    listed = {
+        kind for kind, style in theme.MARK_STYLES.items() if style["label"] in legend_names(fig["data"])
+    }
+    assert listed == drawn, notebook
+    if notebook == "04":  # the forks share the prompt's blocks: drawn as reused, before any prefix cache
+        assert drawn == {"new", "hit", "copied"}
+
+
+def test_a_hover_says_when_a_run_has_no_token_ids() -> None:
+    state = ex02.example_2().history[-1].state
+    hovers = [h for row in block_pool_spec(state)["data"][0]["hovertext"] for h in row if h]
+    held = [h for h in hovers if "tokens" in h and "0/16 tokens" not in h]
+    assert held and all("no token ids in this run" in h and "-1" not in h for h in held)
+    with_ids = ex05.example_5().history[-1].state  # token ids given: the hover lists them
+    hovers = [h for row in block_pool_spec(with_ids)["data"][0]["hovertext"] for h in row if h]
+    assert any("[1000, 1001," in h for h in hovers) and not any("no token ids" in h for h in hovers)
+    assert NO_TOKEN_ID == UNKNOWN_TOKEN
 
 
 # ---------------------------------------------------------------------- block-pool legends
