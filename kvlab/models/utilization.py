@@ -17,7 +17,7 @@ The lesson's run (40 requests from ``new Random(5)``) is ``kvlab.lessons.ex03``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import islice
 
 from kvlab.core.snapshots import BlockPoolState, ContiguousState, Event, History
@@ -124,7 +124,9 @@ def fill_paged(
                     "utilization.wait", request_id=f"r{i}", tokens=n, blocks_needed=need,
                     free_blocks=pool.num_free_blocks,
                 )  # fmt: skip
-                pool.history.add(wait, pool.snapshot())
+                # the pool as it stands, with no op's marks: the wait allocates nothing
+                pool.history.add(wait, replace(pool.snapshot(), hit_block_ids=(), new_block_ids=(),
+                                               evicted_block_ids=(), copied_blocks=()))  # fmt: skip
             break
         pool.allocate(f"r{i}", n)
     stored = sum(pool.num_tokens(r) for r in pool.requests)

@@ -115,3 +115,16 @@ def test_paged_never_stores_less_than_reserving(lengths, block_size, pool_blocks
 def test_bad_input(call, message):
     with pytest.raises(InvalidArgumentError, match=message):
         call()
+
+
+def test_the_wait_step_marks_no_blocks():
+    """A request that waits allocates nothing, so its snapshot carries no op's hit/new/copied/evicted marks."""
+    history = example_3().paged.history
+    wait = history[-1].state
+    assert history[-1].event.kind == "utilization.wait"
+    assert (wait.hit_block_ids, wait.new_block_ids, wait.evicted_block_ids, wait.copied_blocks) == (
+        (),
+        (),
+        (),
+        (),
+    )
