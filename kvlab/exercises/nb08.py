@@ -107,7 +107,8 @@ def evicted_runs(answer: list[Any]) -> str:
         freed = sum(len(r) for r in expected)
         return (
             f"{freed} tokens freed for {EVICT_TOKENS} asked, because leaves go whole. "
-            "[20, 21, 22] stays although it is older: the running request holds a lock on it."
+            "[1..6] and [20, 21, 22] stay: the running request locks them (and its match had just made "
+            "[20, 21, 22] the newest leaf)."
         )
     if any(r == [20, 21, 22] or r == [1, 2, 3, 4, 5, 6] for r in got):
         raise NotYet(

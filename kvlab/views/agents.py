@@ -165,19 +165,21 @@ def _label_trace(
 def _prompt_labels(state: AgentTurnsState, bars: _Bars) -> list[dict[str, Any]]:
     """The cached and processed parts' labels, placed where they can be read.
 
-    A label goes where its bar has room for it, on one side of the fixed
-    prefix's line (never across it): the count with its unit, else the bare
-    count; a processed part too thin for either is labelled just right of the
-    bar when there is room, else not at all (its hover still says it).
+    Every label is the bare count, in the same form on every bar and frame
+    (the legend says which colour is cached and which processed; a unit on
+    some bars and not on others reads as two kinds of number). A label goes
+    where its bar has room for it, on one side of the fixed prefix's line
+    (never across it); a processed part too thin for it is labelled just right
+    of the bar when there is room, else not at all (its hover still says it).
     """
     cached: list[tuple[float, str, str]] = []  # (x, text, text position) per policy
     processed: list[tuple[float, str, str]] = []
     for c in state.current:
         got = c.cached_tokens if c else 0
         new = c.processed_tokens if c else 0
-        inside = bars.inside(0, got, [f"{got:,} cached", f"{got:,}"]) if got else None
+        inside = bars.inside(0, got, [f"{got:,}"]) if got else None
         cached.append((*(inside or (0, "")), "middle center"))
-        words = [f"{new:,} processed", f"{new:,}"]
+        words = [f"{new:,}"]
         inside = bars.inside(got, got + new, words) if new else None
         outside = bars.outside(got + new, words) if new and inside is None else None
         processed.append((*(inside or outside or (0, "")), "middle right" if outside else "middle center"))

@@ -107,12 +107,13 @@ def hit_rate_figure(rates: Mapping[str, Any] | Sequence[Any], *, title: str | No
     pairs = _named_values(rates, "hit rate")
     names = [n for n, _ in pairs]
     values = [_hit_rate_of(n, v) for n, v in pairs]
-    # a rate's label sits on its own bar, or on the miss bar when the hit bar is too short to hold it
+    # a rate's label sits in the middle of its own bar, or of the miss bar when the hit bar is too short to
+    # hold it: in the middle, never against the axis labels
     labels = [f"{100 * v:.1f}%" for v in values]
     hit = {
         "type": "bar", "orientation": "h", "y": names, "x": [100 * v for v in values], "name": "hit (from cache)",
         "marker": {"color": theme.BLUE}, "text": [t if v >= 0.08 else "" for t, v in zip(labels, values, strict=True)],
-        "textposition": "inside", "insidetextanchor": "start", "textfont": {"color": "white"},
+        "textposition": "inside", "insidetextanchor": "middle", "textfont": {"color": "white"},
         "hovertemplate": "%{y}: %{x:.1f}% of prompt tokens were cache hits<extra></extra>",
     }  # fmt: skip
     miss = {
@@ -120,7 +121,7 @@ def hit_rate_figure(rates: Mapping[str, Any] | Sequence[Any], *, title: str | No
         "name": "miss (prefilled)", "marker": {"color": theme.LIGHT_GREY, "pattern": {"shape": "/",
         "fgcolor": theme.GREY, "size": 7}}, "hovertemplate": "%{y}: %{x:.1f}% computed<extra></extra>",
         "text": [f"hit {t}" if v < 0.08 else "" for t, v in zip(labels, values, strict=True)],
-        "textposition": "inside", "insidetextanchor": "start", "textfont": {"color": theme.INK},
+        "textposition": "inside", "insidetextanchor": "middle", "textfont": {"color": theme.INK},
     }  # fmt: skip
     layout = chart_layout(
         title_text(title or "Prefix-cache hit rate", "share of prompt tokens served from the cache"),
@@ -256,7 +257,7 @@ def _cache_n_panel(
             "type": "bar", "x": turns, "y": values, "name": label, "legendgroup": label,
             "showlegend": i == 0, "marker": {"color": color, "pattern": {"shape": pattern, "size": 7,
             "fgcolor": theme.INK, "fgopacity": 0.3}}, "textposition": "inside",
-            "text": [v if v >= 0.06 * ymax else "" for v in values], "textangle": 0,
+            "text": [v if v >= 0.06 * ymax else "" for v in values],
             "xaxis": f"x{ax}", "yaxis": f"y{ax}",
             "hovertemplate": f"{name} turn %{{x}}: {label.split(':')[0]} %{{y}}<extra></extra>",
         })  # fmt: skip
@@ -305,6 +306,7 @@ def cache_n_figure(
     layout = chart_layout(
         title_text(title or "Prompt tokens per turn: cached (cache_n) and processed (prompt_n)"), 250, data,
         above=44 if annotations else 0, barmode="stack", annotations=annotations, **layout_axes,
+        uniformtext={"minsize": 9, "mode": "hide"},  # a count too small to read is left to the hover
     )  # fmt: skip
     return go.Figure({"data": data, "layout": layout})
 

@@ -18,7 +18,9 @@ def test_matched_lengths():
 
 
 def test_evicted_runs():
-    assert ex.check("08.2", [[30, 31], [10, 11]]).right
+    right = ex.check("08.2", [[30, 31], [10, 11]])
+    # the match refreshed [20, 21, 22] to the newest leaf, so the remark must not call it older
+    assert right.right and "older" not in right.message and "newest leaf" in right.message
     assert ex.check("08.2", ((30, 31), (10, 11))).right
     assert "fewer than the 3" in ex.check("08.2", [[30, 31]]).message
     assert "never takes a locked node" in ex.check("08.2", [[20, 21, 22]]).message

@@ -80,8 +80,8 @@ def drawn_marks(data) -> set[str]:
 def test_a_step_that_allocates_nothing_marks_nothing() -> None:
     history = ex03.example_3().paged.history
     last, before = history.steps[-1], history.steps[-2]
-    assert last.event.kind == "utilization.wait" and last.state == before.state  # r8 waits: nothing changes
-    assert last.state.new_block_ids  # the snapshot still carries r7's allocation
+    assert last.event.kind == "utilization.wait" and last.state.blocks == before.state.blocks  # r8 waits
+    assert not last.state.new_block_ids  # the wait allocates nothing, and its snapshot says so
     fig = block_pool_animation(history).to_dict()
     assert drawn_marks(fig["frames"][-2]["data"]) == {"new"}  # r7's own step outlines its blocks
     assert drawn_marks(fig["frames"][-1]["data"]) == set()

@@ -84,3 +84,18 @@ def test_agent_view_rejects_bad_input(runs):
         agent_turn_figure(runs, 21)
     with pytest.raises(InvalidArgumentError, match="AgentTurnsState"):
         agent_turn_spec("turn")
+
+
+def test_prompt_labels_are_bare_counts_on_every_bar_and_frame(runs):
+    # "4,400 cached" on one bar and a bare "2,000" on the next read as two kinds of number
+    figure = agent_turns_animation(runs, prefix_tokens=2000)
+    texts = [
+        text
+        for frame in figure.frames
+        for trace in frame.data
+        if trace.type == "scatter" and trace.name in ("cached labels", "processed labels")
+        for text in trace.text
+        if text
+    ]
+    assert "2,000" in texts and "400" in texts
+    assert all(text.replace(",", "").isdigit() for text in texts)
