@@ -233,9 +233,8 @@ def _refused() -> list[int]:
     prerequisites=["11.1"],
     hints=[
         "A slot file is raw KV values plus the tokens they belong to. What must match for those values to mean anything?",
-        "Refused: files from another model shape or cache type (even one with the same bytes per token), damaged "
-        "files, and files that do not fit in the slot. The file's name, the slot number and what the slot held "
-        "before do not matter.",
+        "Sort the six into two groups: changes that alter what the file's bytes mean, or whether they can be "
+        "loaded at all, and changes that are only bookkeeping around the file.",
     ],
 )
 def refused_restores(answer: list[Any]) -> str:

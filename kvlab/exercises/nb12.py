@@ -23,6 +23,7 @@ USABLE_CASES = (
     ("D", Checkpoint(300, 349, 350), 350),
 )
 PLAN_TOKENS = 3000  # 12.3
+N_BATCH = 2048  # llama-server's default n_batch: a 3,000-token prompt is also cut there, with no checkpoint
 CHAT_PROMPT, CHAT_USER_START = 1800, 345  # 12.4: the chat-endpoint run kvlab observed on a real server
 CHAT_SHARED, CHAT_TOTAL = 400, 420
 
@@ -38,7 +39,7 @@ CHAT_SHARED, CHAT_TOTAL = 400, 420
     prerequisites=["10.1"],
     hints=[
         "Two conditions, both needed: pos_max <= n_past, and pos_min < n_past - 128 (or pos_min == 0).",
-        "Work out n_past - 128 for each case first: 1,272 for A and B, 222 for C and D.",
+        "Work out the threshold n_past - 128 for each case first: 1,272 for A and B, 222 for C and D.",
     ],
 )
 def usable_or_not(answer: list[Any]) -> str:
@@ -65,8 +66,9 @@ def usable_or_not(answer: list[Any]) -> str:
             raise NotYet(f"Look at {name}: it starts at position 0, so no earlier position can be missing.")
         if cp.pos_min >= threshold:
             raise NotYet(
-                f"Look at {name}: continuing at {n_past} needs positions from {threshold}, "
-                f"but it starts at {cp.pos_min}."
+                f"Look at {name}: it starts at {cp.pos_min}, not below the threshold {threshold} and not at 0. "
+                f"Restored, it continues from its last position, {cp.pos_max}, which reads positions "
+                f"{cp.pos_max - N_SWA + 1} to {cp.pos_max - 1}: the cells it copied did not reach back that far."
             )
         raise NotYet(f"Look at {name} again: it ends by {n_past} and starts before {threshold}.")
     raise NotYet("Check each case against both conditions.")  # pragma: no cover - the loop always finds one
@@ -241,6 +243,11 @@ def checkpoint_placement(answer: list[Any]) -> str:
         )
     if sorted(answer) == expected:
         raise NotYet("Right numbers; list them oldest first.")
+    if N_BATCH in answer:
+        raise NotYet(
+            f"{N_BATCH:,} is where the first batch ends: a prompt longer than n_batch = {N_BATCH:,} tokens is "
+            "also cut there, but only the batches near the end get a checkpoint. Count back from the end."
+        )
     if len(answer) != len(expected):
         raise NotYet(
             f"A {PLAN_TOKENS:,}-token prompt gets {len(expected)} checkpoints in this case, not {len(answer)}."
@@ -290,7 +297,7 @@ def chat_cache_n(answer: list[Any]) -> str:
     if answer[0] == CHAT_SHARED:
         raise NotYet(
             f"That is what --swa-full would give. Here the SWA cells no longer hold the positions "
-            f"{CHAT_SHARED - N_SWA}..{CHAT_SHARED - 1}."
+            f"{CHAT_SHARED - N_SWA + 1}..{CHAT_SHARED - 1}."
         )
     if answer[0] == n_tokens:
         raise NotYet(

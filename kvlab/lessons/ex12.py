@@ -13,11 +13,12 @@ functions print each part's figures next to the source that gives them.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvlab.core.snapshots import SwaState
-from kvlab.errors import InvalidArgumentError, check_int, check_size
+from kvlab.core.snapshots import Event, SwaState
+from kvlab.errors import InvalidArgumentError, brief, check_int, check_items, check_size
 from kvlab.lessons.compare import compare_table
 from kvlab.server.swa import (
     Checkpoint,
@@ -125,9 +126,9 @@ def branch_after_long_prompt(shared: int, *, ctx_checkpoints: int = 0) -> SwaSlo
     shared = check_int("shared", shared, minimum=1)
     if shared >= LESSON_PROMPT:
         raise InvalidArgumentError(
-            f"shared must be below the long prompt's {LESSON_PROMPT:,} tokens, got {shared}"
+            f"shared must be below the long prompt's {LESSON_PROMPT:,} tokens, got {brief(shared)}"
         )
-    check_int("ctx_checkpoints", ctx_checkpoints, minimum=0)
+    ctx_checkpoints = check_size("ctx_checkpoints", ctx_checkpoints, "count")
     long_prompt = list(range(10_000, 10_000 + LESSON_PROMPT))
     slot = SwaSlot(SwaConfig(ctx_checkpoints=ctx_checkpoints))
     slot.complete(long_prompt)
@@ -140,9 +141,17 @@ def state_before(slot: SwaSlot, request: int) -> SwaState:
     if not isinstance(slot, SwaSlot):
         raise InvalidArgumentError(f"slot must be a SwaSlot, got {type(slot).__name__}")
     request = check_int("request", request, minimum=1)
-    arrivals = [i for i, step in enumerate(slot.history) if getattr(step.event, "kind", None) == "swa.reuse"]
+    arrivals = [
+        i
+        for i, step in enumerate(slot.history)
+        if isinstance(step.event, Event) and step.event.kind == "swa.reuse"
+    ]
     if request > len(arrivals):
-        raise InvalidArgumentError(f"the slot served {len(arrivals)} requests, got request={request}")
+        raise InvalidArgumentError(f"the slot served {len(arrivals)} requests, got request={brief(request)}")
+    if arrivals[request - 1] == 0:
+        raise InvalidArgumentError(
+            f"request {request} arrived at the history's first step: there is no state before it"
+        )
     return slot.history[arrivals[request - 1] - 1].state
 
 
@@ -209,7 +218,7 @@ def show_program(ex: Example12) -> None:
     compare_table(
         [
             ("request 2 continues at", short.common_prefix, 350),
-            ("local layers need positions from", short.threshold, 222),
+            ("threshold n_past - 128", short.threshold, 222),
             ("oldest position in the SWA cells", short.ring_pos_min, 1073),
             *[
                 (
@@ -219,7 +228,7 @@ def show_program(ex: Example12) -> None:
                 )
                 for c in short.checks
             ],
-            ("follow-up needs positions from", follow.threshold, 1713),
+            ("follow-up: threshold", follow.threshold, 1713),
             ("follow-up: oldest position in the cells", follow.ring_pos_min, 1073),
             ("follow-up reuses", follow.cache_n, 1841),
         ],
@@ -236,7 +245,7 @@ def show_boundary() -> dict[int, SwaSlot]:
     forced, kept = (slots[n].records[-1] for n in BOUNDARY)
     for rec in (forced, kept):
         print(
-            f"share {rec.common_prefix:,}: needs positions from {rec.threshold:,}; the oldest SWA cell holds "
+            f"share {rec.common_prefix:,}: threshold {rec.threshold:,}; the oldest SWA cell holds "
             f"{rec.ring_pos_min:,} -> {'start over' if rec.forced_full else 'the SWA cells serve'}"
         )
     print()
@@ -266,11 +275,44 @@ def show_placement() -> None:
     )
 
 
+def _checkpoints(name: str, checkpoints: object) -> list[Checkpoint]:
+    items = check_items(name, checkpoints, what="a tuple of Checkpoint")
+    for i, cp in enumerate(items):
+        if not isinstance(cp, Checkpoint) or not all(
+            type(v) is int for v in (cp.pos_min, cp.pos_max, cp.n_tokens)
+        ):
+            raise InvalidArgumentError(f"{name}[{i}] must be a Checkpoint of plain ints, got {brief(cp)}")
+    return items  # type: ignore[return-value]
+
+
+def _check_record(name: str, record: object) -> SwaRequestRecord:
+    """A request's record as ``show_chat`` reads it: its checkpoints and counters, as plain values."""
+    if not isinstance(record, SwaRequestRecord):
+        raise InvalidArgumentError(
+            f"{name} must be a SwaRequestRecord (what SwaSlot.complete returns), got {brief(record)}"
+        )
+    restored = record.restored
+    if restored is not None:
+        restored = _checkpoints(f"{name}.restored", [restored])[0]
+    return dataclasses.replace(
+        record,
+        created=tuple(_checkpoints(f"{name}.created", record.created)),
+        erased=tuple(_checkpoints(f"{name}.erased", record.erased)),
+        restored=restored,
+        cache_n=check_size(f"{name}.cache_n", record.cache_n, "tokens"),
+        prompt_n=check_size(f"{name}.prompt_n", record.prompt_n, "tokens"),
+    )
+
+
 def show_chat(chat: tuple[SwaRequestRecord, SwaRequestRecord, SwaSlot]) -> None:
     """The chat-endpoint run next to what kvlab observed on the real server (the lesson has no such run)."""
-    if not (isinstance(chat, tuple) and len(chat) == 3 and isinstance(chat[2], SwaSlot)):
-        raise InvalidArgumentError("chat must be what example_12_chat() returns: (record, record, slot)")
-    first, second, _ = chat
+    shape = "chat must be what example_12_chat() returns: (record, record, slot)"
+    if not isinstance(chat, tuple):
+        raise InvalidArgumentError(f"{shape}, got {brief(chat)}")
+    items = check_items("chat", chat, what="(record, record, slot)")
+    if len(items) != 3 or not isinstance(items[2], SwaSlot):
+        raise InvalidArgumentError(f"{shape}, got {brief(chat)}")
+    first, second = (_check_record(f"chat[{i}]", r) for i, r in enumerate(items[:2]))
     compare_table(
         [
             ("request 1: checkpoints at n_tokens", [c.n_tokens for c in first.created], [345, 1284, 1796]),

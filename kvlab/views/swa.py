@@ -20,25 +20,28 @@ exported HTML) and ``swa_stepper`` (a live widget) step through a slot's
 
 ``swa_decision_figure(history, request)`` is the reuse rule as a picture, for a
 reader who has not met the ring yet: one row for what the SWA cells hold, one
-per checkpoint, the positions the continuation needs shaded, and each row's
-verdict in words. The verdicts are read from the model's ``swa.reuse`` event
+per checkpoint (a faint bar for its label range, a solid one for the last ``n_swa``
+positions its data keeps), the positions the continuation reads shaded, the
+server's threshold dashed, and each row's verdict in words. The verdicts are read from the model's ``swa.reuse`` event
 (which checkpoint it restored, whether it started over); the figure only says why.
 
-Kept as one module (about 580 lines): the slot figure, its animation, its stepper and the
+Kept as one module (about 770 lines): the slot figure, its animation, its stepper and the
 decision picture draw the same snapshot type with the same rows and colours.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import plotly.graph_objects as go
 
-from kvlab.core.snapshots import EMPTY, Event, History, SwaState
-from kvlab.errors import InvalidArgumentError, check_int
+from kvlab.core.snapshots import EMPTY, Checkpoint, Event, History, SwaState
+from kvlab.errors import LIMITS, InvalidArgumentError, brief, check_bool, check_int, check_items, check_size
 from kvlab.views import theme
 from kvlab.views._common import (
+    LABEL_WIDTH,
     Spec,
     base_layout,
     check_title,
@@ -48,7 +51,7 @@ from kvlab.views._common import (
     title_text,
     top_margin,
 )
-from kvlab.views.animations import DEFAULT_FRAME_MS, animate, step_caption
+from kvlab.views.animations import DEFAULT_FRAME_MS, animate, check_frames, step_caption
 from kvlab.views.live import Stepper
 
 FULL = "full-attention layers"
@@ -69,11 +72,59 @@ _STRIP_PX = 90
 _ROW_PX = 34
 
 
+_FROM_SLOT = "take one from SwaSlot(...).history"
+
+
+def _positions(name: str, values: tuple[object, ...], *, empty: bool) -> None:
+    """Plain ints that are token positions (0 .. LIMITS.tokens), or EMPTY where ``empty`` allows it."""
+    low, high = (EMPTY if empty else 0), LIMITS.tokens
+    if not all(type(v) is int and low <= v <= high for v in values):  # type: ignore[operator]
+        raise InvalidArgumentError(
+            f"{name} must hold token positions {low}..{LIMITS.tokens:,} as plain ints, got {brief(values)}; {_FROM_SLOT}"
+        )
+
+
+def _check_checkpoint(name: str, cp: object) -> None:
+    if not isinstance(cp, Checkpoint):
+        raise InvalidArgumentError(f"{name} must be a Checkpoint, got {brief(cp)}; {_FROM_SLOT}")
+    _positions(name, (cp.pos_min, cp.pos_max, cp.n_tokens), empty=False)
+    if cp.pos_min > cp.pos_max:
+        raise InvalidArgumentError(
+            f"{name} spans [{cp.pos_min}, {cp.pos_max}]: pos_min must not pass pos_max"
+        )
+
+
 def _check_swa_state(name: str, state: object) -> None:
+    """Every field of ``state`` the views draw (a hand-built one too): plain ints in range, the right types."""
     if not isinstance(state, SwaState):
         raise InvalidArgumentError(
-            f"{name} must be a kvlab.server.swa.SwaState, got {type(state).__name__}; take one from SwaSlot(...).history"
+            f"{name} must be a kvlab.server.swa.SwaState, got {type(state).__name__}; {_FROM_SLOT}"
         )
+    cells = state.cells
+    if type(cells) is not tuple or not cells:
+        raise InvalidArgumentError(f"{name}.cells must be a non-empty tuple of positions, got {brief(cells)}")
+    check_size(f"the number of {name}.cells", len(cells), "tokens", minimum=1)
+    _positions(f"{name}.cells", cells, empty=True)
+    check_int(f"{name}.head", state.head, minimum=0, maximum=len(cells) - 1)
+    _positions(f"{name}.n_tokens", (state.n_tokens,), empty=False)
+    if type(state.checkpoints) is not tuple:
+        raise InvalidArgumentError(
+            f"{name}.checkpoints must be a tuple of Checkpoint, got {brief(state.checkpoints)}"
+        )
+    for i, cp in enumerate(check_items(f"{name}.checkpoints", state.checkpoints)):
+        _check_checkpoint(f"{name}.checkpoints[{i}]", cp)
+    for field in ("created", "restored"):
+        if getattr(state, field) is not None:
+            _check_checkpoint(f"{name}.{field}", getattr(state, field))
+    batch = state.batch
+    if batch is not None:
+        if type(batch) is not tuple or len(batch) != 2:
+            raise InvalidArgumentError(
+                f"{name}.batch must be None or a pair (start, end), got {brief(batch)}"
+            )
+        _positions(f"{name}.batch", batch, empty=False)
+        if batch[0] > batch[1]:
+            raise InvalidArgumentError(f"{name}.batch {batch} ends before it starts")
 
 
 def _runs(positions: list[int]) -> list[tuple[int, int]]:
@@ -108,13 +159,13 @@ def _check_reuse(reuse: object) -> tuple[int, int] | None:
     if reuse is None:
         return None
     if not isinstance(reuse, (tuple, list)) or len(reuse) != 2:
-        raise InvalidArgumentError(f"reuse must be a pair (n_past, threshold), got {reuse!r}")
-    n_past, threshold = reuse
-    check_int("reuse n_past", n_past, minimum=0)
-    check_int("reuse threshold", threshold, minimum=0)
+        raise InvalidArgumentError(f"reuse must be a pair (n_past, threshold), got {brief(reuse)}")
+    n_past, threshold = check_items("reuse", reuse, what="a pair (n_past, threshold)")
+    n_past = check_size("reuse n_past", n_past, "tokens")
+    threshold = check_size("reuse threshold", threshold, "tokens")
     if threshold > n_past:
         raise InvalidArgumentError(f"the threshold ({threshold}) cannot lie after the reuse point ({n_past})")
-    return int(n_past), int(threshold)
+    return n_past, threshold
 
 
 _Bars = dict[str, dict[str, list]]
@@ -127,10 +178,10 @@ def _axes(
     need = _extent(state)
     if x_max is None:
         x_max = need
-    check_int("x_max", x_max, minimum=1)
+    x_max = check_size("x_max", x_max, "tokens", minimum=1)
     if checkpoint_rows is None:
         checkpoint_rows = len(state.checkpoints)
-    check_int("checkpoint_rows", checkpoint_rows, minimum=0)
+    checkpoint_rows = check_int("checkpoint_rows", checkpoint_rows, minimum=0, maximum=LIMITS.drawn_blocks)
     if checkpoint_rows < len(state.checkpoints):
         raise InvalidArgumentError(
             f"checkpoint_rows is {checkpoint_rows}, but the state holds {len(state.checkpoints)} checkpoints"
@@ -401,6 +452,8 @@ def swa_figure(
 def swa_hints(history: object) -> dict[str, Any]:
     """The axes every step of ``history`` shares: positions up to the largest extent, one row per checkpoint."""
     states = [s for _, s in steps_of(history, SwaState)]
+    for i, state in enumerate(states):
+        _check_swa_state(f"step {i}", state)
     kinds: set[str] = set()
     for s in states:
         kinds |= _kinds(s)
@@ -433,6 +486,7 @@ def swa_animation(
     """A slot's history step by step (prompt batches, checkpoints taken and restored), with play and a slider."""
     title = check_title(title)
     steps = steps_of(history, SwaState)
+    check_frames(len(steps))
     hints = swa_hints(history)
     specs = []
     for i, (caption, state) in enumerate(steps):
@@ -469,11 +523,50 @@ def _reuse_step(history: object, request: object) -> tuple[SwaState, Event]:
         i for i, s in enumerate(history.steps) if isinstance(s.event, Event) and s.event.kind == "swa.reuse"
     ]
     if request > len(reuse):
-        raise InvalidArgumentError(f"the history holds {len(reuse)} requests, got request={request}")
+        raise InvalidArgumentError(f"the history holds {len(reuse)} requests, got request={brief(request)}")
     at = reuse[request - 1]
+    if at == 0:
+        raise InvalidArgumentError(
+            f"request {request}'s swa.reuse event is the history's first step: there is no state before it "
+            "to decide on; pass a SwaSlot's own history"
+        )
     before = history.steps[at - 1].state
     _check_swa_state("the state before the request", before)
-    return before, history.steps[at].event
+    return before, _check_reuse_event(history.steps[at].event)
+
+
+def _check_reuse_event(event: Event) -> Event:
+    """A ``swa.reuse`` event's fields, as ``SwaSlot`` writes them: the figure trusts nothing else."""
+    fields = check_items("the swa.reuse event's fields", event.fields, what="(name, value) pairs")
+    if not all(type(f) is tuple and len(f) == 2 and type(f[0]) is str for f in fields):
+        raise InvalidArgumentError(
+            f"the swa.reuse event's fields must be (name, value) pairs, got {brief(fields)}"
+        )
+    given = dict(fields)
+    missing = [k for k in ("common_prefix", "threshold", "forced_full", "cache_n") if k not in given]
+    if missing:
+        raise InvalidArgumentError(
+            f"the swa.reuse event lacks {', '.join(missing)}: take the history from a SwaSlot, which records them"
+        )
+    n_past = check_size("the event's common_prefix", given["common_prefix"], "tokens")
+    threshold = check_int("the event's threshold", given["threshold"], minimum=0, maximum=n_past)
+    cache_n = check_int("the event's cache_n", given["cache_n"], minimum=0, maximum=n_past)
+    forced = check_bool("the event's forced_full", given["forced_full"])
+    restored = given.get("restored")
+    if restored is not None:
+        if type(restored) is not tuple or len(restored) != 2:
+            raise InvalidArgumentError(
+                f"the event's restored must be None or a span (pos_min, pos_max), got {brief(restored)}"
+            )
+        _positions("the event's restored span", restored, empty=False)
+    return Event.of(
+        "swa.reuse",
+        common_prefix=n_past,
+        threshold=threshold,
+        forced_full=forced,
+        restored=restored,
+        cache_n=cache_n,
+    )
 
 
 def _verdicts(state: SwaState, event: Event) -> tuple[tuple[str, str], list[tuple[str, str]], str]:
@@ -496,7 +589,8 @@ def _verdicts(state: SwaState, event: Event) -> tuple[tuple[str, str], list[tupl
             rows.append(("not checked:<br>a newer one serves", _IDLE))
         elif i == chosen:
             start = "at 0" if cp.pos_min == 0 else f"below {threshold:,}"
-            rows.append((f"✓ ends by {n_past:,}, starts<br>{start}: restored", _YES))
+            again = f"; computes<br>{cp.pos_max:,} to {n_past - 1:,} again" if cp.pos_max < n_past else ""
+            rows.append((f"✓ ends by {n_past:,}, starts<br>{start}: restored{again}", _YES))
         elif cp.pos_max > n_past:
             rows.append((f"✗ ends at {cp.pos_max:,},<br>after {n_past:,}", _NO))
         else:
@@ -513,15 +607,20 @@ def _verdicts(state: SwaState, event: Event) -> tuple[tuple[str, str], list[tupl
 
 
 def swa_decision_figure(
-    history: History[SwaState], request: int = 2, *, title: str | None = None
+    history: History[SwaState], request: int = 2, *, n_swa: int = 128, title: str | None = None
 ) -> go.Figure:
     """Can request ``request`` continue where it shares a prefix? The rule, row by row, for one request.
 
     Rows: the prompt the slot holds (the full-attention layers keep all of it), the positions the
-    SWA cells still hold, and each context checkpoint; the positions the local layers need to
-    continue are shaded, and each row says whether it can supply them.
+    SWA cells still hold, and each context checkpoint, drawn twice: a faint bar for its label
+    ``[pos_min, pos_max]`` and a solid one for the data it keeps, its last ``n_swa`` positions (a
+    restore puts back only those). The positions the local layers read to continue (``p - n_swa + 1``
+    to ``p - 1``, the window being the token itself and the ``n_swa - 1`` before it) are shaded, the
+    server's threshold is dashed, and each row says whether it can supply them. ``n_swa`` is the
+    model's window: 128 on the lesson's model and in kvlab's ``SwaConfig``.
     """
     title = check_title(title)
+    n_swa = check_size("n_swa", n_swa, "tokens", minimum=1)
     state, event = _reuse_step(history, request)
     n_past, threshold = event["common_prefix"], event["threshold"]
     if n_past == 0:
@@ -533,18 +632,38 @@ def swa_decision_figure(
     rows = ["cached prompt", "SWA cells hold"] + [
         f"checkpoint {i + 1}" for i in range(len(state.checkpoints))
     ]
+    swa_full = threshold >= n_past  # the server tests with a window of 0
+    window_from = n_past if swa_full else max(0, n_past - n_swa + 1)
     x_max = max(_extent(state), n_past + 1)
-    bars: list[tuple[str, int, int, str, str]] = [("cached prompt", 0, state.n_tokens, f"0 … {state.n_tokens - 1}",
-                                                   theme.GREY)]  # fmt: skip
-    bars += [("SWA cells hold", a, b, f"[{a}, {b - 1}]", theme.BLUE) for a, b in _runs(held)]
-    bars += [(f"checkpoint {i + 1}", c.pos_min, c.pos_max + 1, f"[{c.pos_min}, {c.pos_max}]", theme.ORANGE)
-             for i, c in enumerate(state.checkpoints)]  # fmt: skip
-    data: list[dict[str, Any]] = [{
-        "type": "bar", "orientation": "h", "y": [b[0] for b in bars], "base": [b[1] for b in bars],
-        "x": [b[2] - b[1] for b in bars], "text": [b[3] for b in bars], "marker": {"color": [b[4] for b in bars]},
-        "textposition": "auto", "insidetextanchor": "middle", "insidetextfont": {"color": "white"},
-        "outsidetextfont": {"color": theme.INK}, "cliponaxis": False,
-        "hovertemplate": "%{y}: positions %{text}<extra></extra>", "width": 0.6, "showlegend": False,
+    x_hi = x_max * 1.02
+    px = _decision_px_per_position(rows, x_hi)
+    lines = [n_past] + ([] if swa_full else [threshold])
+    bars = [
+        _DecisionBar(
+            "cached prompt", 0, state.n_tokens, theme.GREY, 1.0, f"positions 0 … {state.n_tokens - 1}"
+        )
+    ]
+    labels = [("cached prompt", 0, state.n_tokens, f"0 … {state.n_tokens - 1}")]
+    for a, b in _runs(held):
+        bars.append(_DecisionBar("SWA cells hold", a, b, theme.BLUE, 1.0, f"positions {a} … {b - 1}"))
+        labels.append(("SWA cells hold", a, b, f"[{a}, {b - 1}]"))
+    restored = event.get("restored")
+    for i, cp in enumerate(state.checkpoints):
+        row, kept_from = f"checkpoint {i + 1}", _checkpoint_data_from(cp, n_swa)
+        label = f"label [{cp.pos_min}, {cp.pos_max}]: the cells it copied"
+        bars.append(_DecisionBar(row, cp.pos_min, cp.pos_max + 1, theme.ORANGE, 0.3, label))
+        data = f"data kept: positions {kept_from} … {cp.pos_max} (its last {n_swa})"
+        bars.append(_DecisionBar(row, kept_from, cp.pos_max + 1, theme.ORANGE, 1.0, data))
+        if cp.span == restored and cp.pos_max < n_past:
+            again = f"computed again: positions {cp.pos_max} … {n_past - 1}"
+            bars.append(_DecisionBar(row, cp.pos_max, n_past, theme.GREEN, 1.0, again, "/"))
+        labels.append((row, cp.pos_min, cp.pos_max + 1, f"[{cp.pos_min}, {cp.pos_max}]"))
+    data_traces: list[dict[str, Any]] = [{
+        "type": "bar", "orientation": "h", "y": [b.row for b in bars], "base": [b.start for b in bars],
+        "x": [b.end - b.start for b in bars], "hovertext": [b.hover for b in bars], "hoverinfo": "text",
+        "marker": {"color": [b.colour for b in bars], "opacity": [b.opacity for b in bars],
+                   "pattern": {"shape": [b.pattern for b in bars], "fgcolor": theme.INK, "fgopacity": 0.6}},
+        "width": 0.6, "showlegend": False,
     }]  # fmt: skip
     verdicts = [("all but the local layers<br>keep every position", _IDLE), cells_verdict, *cp_verdicts]
     annotations: list[dict[str, Any]] = [
@@ -552,22 +671,28 @@ def swa_decision_figure(
          "xanchor": "left", "align": "left", "font": {"size": 11, "color": colour}}
         for row, (text, colour) in zip(rows, verdicts, strict=True)
     ]  # fmt: skip
+    for row, start, end, text in labels:
+        x, anchor = _label_place(start, end, text, lines, px, x_hi)
+        annotations.append({"x": x, "xref": "x", "y": row, "yref": "y", "text": text, "showarrow": False,
+                            "xanchor": anchor, "font": {"size": 11, "color": theme.INK},
+                            "bgcolor": "rgba(255,255,255,0.8)", "borderpad": 1})  # fmt: skip
     bottom_y, top_y = len(rows) - 0.5, -0.75
     shapes: list[dict[str, Any]] = [
-        {"type": "rect", "xref": "x", "yref": "y", "x0": threshold, "x1": n_past, "y0": bottom_y, "y1": top_y,
+        {"type": "rect", "xref": "x", "yref": "y", "x0": window_from, "x1": n_past, "y0": bottom_y, "y1": top_y,
          "fillcolor": theme.YELLOW, "opacity": 0.45, "line": {"width": 0}, "layer": "below"},
     ]  # fmt: skip
     marks = [(n_past, "solid", f"continue at {n_past:,}", "left")]
-    if threshold < n_past:
-        marks.append((threshold, "dash", f"needs from {threshold:,}", "right"))
+    if not swa_full:
+        marks.append((threshold, "dash", f"threshold {threshold:,}", "right" if threshold > 0 else "left"))
     for x, dash, text, anchor in marks:
         shapes.append({"type": "line", "xref": "x", "yref": "y", "x0": x, "x1": x, "y0": bottom_y, "y1": top_y,
                        "line": {"color": theme.INK, "dash": dash, "width": 2}})  # fmt: skip
         annotations.append({"x": x, "xref": "x", "y": top_y, "yref": "y", "text": text, "showarrow": False,
                             "xanchor": anchor, "yanchor": "bottom", "font": {"size": 11}})  # fmt: skip
     need = (
-        f"to continue at {n_past:,}, the local layers need positions {threshold:,}..{n_past - 1:,} (shaded)"
-        if threshold < n_past
+        f"to continue at {n_past:,}, the local layers read positions {window_from:,}..{n_past - 1:,} (shaded); "
+        f"the server's test uses the threshold {threshold:,} (dashed)"
+        if not swa_full
         else "--swa-full: the SWA cells keep every position, so the server's test uses a window of 0"
     )
     ttl = title_text(title or f"Request {request} shares {n_past:,} tokens: {outcome}", need)
@@ -575,13 +700,69 @@ def swa_decision_figure(
     plot_h = _DECISION_ROW_PX * len(rows) + 36
     layout = base_layout(
         ttl, height=top + plot_h + 50, showlegend=False, shapes=shapes, annotations=annotations,
-        xaxis={"range": [0, x_max * 1.02], "title": {"text": "token position", "standoff": 4, "font": {"size": 12}},
+        barmode="overlay",
+        xaxis={"range": [0, x_hi], "title": {"text": "token position", "standoff": 4, "font": {"size": 12}},
                "domain": [0, _VERDICT_X - 0.03], "showgrid": True, "zeroline": False},
         yaxis={"categoryorder": "array", "categoryarray": rows, "range": [bottom_y, top_y - 0.4],
                "fixedrange": True, "automargin": False, "type": "category"},
-        margin={"l": _left_margin(rows), "r": 10, "t": top, "b": 50},
+        margin={"l": _left_margin(rows), "r": _DECISION_RIGHT_PX, "t": top, "b": 50},
     )  # fmt: skip
-    return go.Figure({"data": data, "layout": layout})
+    return go.Figure({"data": data_traces, "layout": layout})
+
+
+@dataclass(frozen=True)
+class _DecisionBar:
+    """One bar of the decision figure: positions [start, end) on ``row``."""
+
+    row: str
+    start: int
+    end: int
+    colour: str
+    opacity: float
+    hover: str
+    pattern: str = ""
+
+
+def _checkpoint_data_from(checkpoint: Checkpoint, n_swa: int) -> int:
+    """The oldest position a checkpoint's data keeps: its last ``n_swa`` positions, never before its pos_min.
+
+    llama.cpp 0c1e57098 saves only the cells a window can still reach, so a restore puts back
+    ``pos_max - n_swa + 1`` .. ``pos_max``, whatever the label's ``pos_min`` says.
+    """
+    return max(checkpoint.pos_min, checkpoint.pos_max - n_swa + 1)
+
+
+def _decision_px_per_position(rows: list[str], x_hi: float) -> float:
+    """Pixels per token position on the decision figure's axis, at the width labels are fitted for."""
+    plot_px = LABEL_WIDTH - _left_margin(rows) - _DECISION_RIGHT_PX
+    return plot_px * (_VERDICT_X - 0.03) / x_hi
+
+
+def _label_span(x: float, anchor: str, text: str, px_per_position: float) -> tuple[float, float]:
+    """The positions a bar label covers on the decision figure's axis, a little padding included."""
+    width = (text_px(text, 11) + 2 * _LABEL_PAD_PX) / px_per_position
+    low = {"left": x, "center": x - width / 2, "right": x - width}[anchor]
+    return low, low + width
+
+
+def _label_place(
+    start: int, end: int, text: str, lines: list[int], px: float, x_hi: float
+) -> tuple[float, str]:
+    """Where a bar's label goes: inside the bar if it fits, else beside it, never across a vertical line."""
+    inside = [((start + end) / 2, "center"), (start, "left"), (end, "right")]
+    gap = 2 / px  # two pixels clear of a line
+    beside = [(end, "left"), (start, "right")]
+    beside += sorted(((line + gap, "left") for line in lines), key=lambda c: abs(c[0] - end))
+    beside += sorted(((line - gap, "right") for line in lines), key=lambda c: abs(c[0] - start))
+    for i, (x, anchor) in enumerate(inside + beside):
+        low, high = _label_span(x, anchor, text, px)
+        if low < 0 or high > x_hi or (i < len(inside) and (low < start or high > end)):
+            continue
+        if not any(low <= line <= high for line in lines):
+            return x, anchor
+    return (start + end) / 2, "center"
 
 
 _VERDICT_X = 0.66  # the verdicts' column starts here, in paper coordinates
+_DECISION_RIGHT_PX = 10
+_LABEL_PAD_PX = 4

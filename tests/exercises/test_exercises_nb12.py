@@ -18,9 +18,9 @@ def test_usable_or_not():
         in ex.check("12.1", [True, True, True, False]).message
     )
     assert "C: it starts at position 0" in ex.check("12.1", [True, False, False, False]).message
-    assert (
-        "D: continuing at 350 needs positions from 222" in ex.check("12.1", [True, False, True, True]).message
-    )
+    said_d = ex.check("12.1", [True, False, True, True]).message
+    assert "D: it starts at 300, not below the threshold 222" in said_d
+    assert "reads positions 222 to 348" in said_d
     assert "True or False" in ex.check("12.1", [1, 0, 1, 0]).message
     assert "True or False" in ex.check("12.1", [True, False, True]).message
 
@@ -33,6 +33,8 @@ def test_checkpoint_placement():
     assert "gets 2 checkpoints" in ex.check("12.3", right[1:]).message
     assert "4 tokens" in ex.check("12.3", [2488, 3000]).message
     assert "whole numbers" in ex.check("12.3", ["2484", 2996]).message
+    # a cut at n_batch (2,048) gets no checkpoint, and the feedback says so
+    assert "2,048 is where the first batch ends" in ex.check("12.3", [2048, *right]).message
 
 
 def test_chat_cache_n(feedback):

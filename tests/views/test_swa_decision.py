@@ -10,7 +10,14 @@ from kvlab.errors import InvalidArgumentError
 from kvlab.lessons import ex12
 from kvlab.server.swa import SwaSlot
 from kvlab.views._common import text_px
-from kvlab.views.swa import _STRIP_TEXT_PX, _cell_runs, swa_decision_figure, swa_spec
+from kvlab.views.swa import (
+    _STRIP_TEXT_PX,
+    _cell_runs,
+    _decision_px_per_position,
+    _label_span,
+    swa_decision_figure,
+    swa_spec,
+)
 
 
 @pytest.fixture(scope="module")
@@ -31,15 +38,19 @@ def band(fig) -> tuple[float, float]:
 
 def test_the_lessons_request_2_starts_over_and_each_row_says_why(lesson):
     fig = swa_decision_figure(lesson.slots["default"].history, request=2)
-    assert band(fig) == (222, 350)
+    assert band(fig) == (223, 350)  # the token at 350 reads 223..350; its own keys it computes
     assert "no usable copy, start over (cache_n 0)" in fig.layout.title.text
     said = verdicts(fig)
     assert said["SWA cells hold"] == "✗ the oldest is 1,073,<br>not below 222"
     assert said["checkpoint 1"] == "✗ ends at 1,324,<br>after 350"
     assert said["checkpoint 2"] == "✗ ends at 1,836,<br>after 350"
     bars = fig.data[0]
-    assert list(bars.y) == ["cached prompt", "SWA cells hold", "checkpoint 1", "checkpoint 2"]
-    assert list(zip(bars.base, bars.x, strict=True)) == [(0, 1841), (1073, 768), (557, 768), (1069, 768)]
+    assert list(bars.y) == ["cached prompt", "SWA cells hold"] + ["checkpoint 1"] * 2 + ["checkpoint 2"] * 2
+    # each checkpoint: a faint bar for its label range, a solid one for the data it keeps (its last 128)
+    assert list(zip(bars.base, bars.x, strict=True)) == [
+        (0, 1841), (1073, 768), (557, 768), (1197, 128), (1069, 768), (1709, 128)
+    ]  # fmt: skip
+    assert list(bars.marker.opacity) == [1.0, 1.0, 0.3, 1.0, 0.3, 1.0]
     json.loads(fig.to_json())
 
 
@@ -47,7 +58,7 @@ def test_the_append_only_follow_up_is_served_by_the_cells(lesson):
     fig = swa_decision_figure(lesson.slots["follow_up"].history, request=2)
     said = verdicts(fig)
     assert said["SWA cells hold"].startswith("✓") and said["checkpoint 1"] == "not needed"
-    assert band(fig) == (1713, 1841) and "the SWA cells serve, cache_n 1,841" in fig.layout.title.text
+    assert band(fig) == (1714, 1841) and "the SWA cells serve, cache_n 1,841" in fig.layout.title.text
 
 
 def test_swa_full_tests_with_a_window_of_zero(lesson):
@@ -58,9 +69,16 @@ def test_swa_full_tests_with_a_window_of_zero(lesson):
 
 def test_the_chat_run_restores_the_user_message_checkpoint():
     _, _, slot = ex12.example_12_chat()
-    said = verdicts(swa_decision_figure(slot.history, request=2))
-    assert said["checkpoint 1"].startswith("✓ ends by 350, starts<br>at 0")
+    fig = swa_decision_figure(slot.history, request=2)
+    said = verdicts(fig)
+    assert said["checkpoint 1"] == "✓ ends by 350, starts<br>at 0: restored; computes<br>344 to 349 again"
     assert said["checkpoint 3"].startswith("✗ ends at 1,795")
+    # the restored checkpoint's data covers what continuing from its last position reads
+    bars = fig.data[0]
+    row = [(b, b + w) for y, b, w in zip(bars.y, bars.base, bars.x, strict=True) if y == "checkpoint 1"]
+    assert row == [(0, 345), (217, 345), (344, 350)]  # label [0, 344], data 217..344, 344..349 again
+    (_, (data_from, data_end), _) = row
+    assert data_from <= 344 - 127 and data_end == 345
 
 
 def test_an_older_usable_checkpoint_is_not_checked():
@@ -76,6 +94,24 @@ def test_the_boundary_names_both_numbers():
     fig = swa_decision_figure(ex12.branch_after_long_prompt(1201).history, request=2)
     assert verdicts(fig)["SWA cells hold"] == "✗ the oldest is 1,073,<br>not below 1,073"
     assert "no checkpoint to fall back on" in fig.layout.title.text
+
+
+def test_bar_labels_stay_clear_of_the_vertical_lines(lesson):
+    # "[0, 344]" used to sit across the dashed threshold line at 222
+    figures = [
+        swa_decision_figure(lesson.slots[name].history, request=2) for name in ("default", "follow_up")
+    ] + [swa_decision_figure(ex12.example_12_chat()[2].history, request=2)]
+    figures.append(swa_decision_figure(ex12.branch_after_long_prompt(1201).history, request=2))
+    for fig in figures:
+        layout = fig.to_plotly_json()["layout"]
+        lines = [s["x0"] for s in layout["shapes"] if s["type"] == "line"]
+        rows = list(layout["yaxis"]["categoryarray"])
+        px = _decision_px_per_position(rows, layout["xaxis"]["range"][1])
+        labels = [a for a in layout["annotations"] if a["xref"] == "x" and a["y"] in rows]
+        assert len(labels) >= len(rows)
+        for a in labels:
+            low, high = _label_span(a["x"], a["xanchor"], a["text"], px)
+            assert not any(low <= x <= high for x in lines), (a["text"], low, high, lines)
 
 
 def test_cell_labels_fit_their_runs(lesson):
@@ -95,6 +131,8 @@ def test_cell_labels_fit_their_runs(lesson):
         (lambda h: swa_decision_figure(h, request=3), "holds 2 requests"),
         (lambda h: swa_decision_figure(h, request=1), "shares nothing"),
         (lambda h: swa_decision_figure(h, title=5), "title must be a string"),
+        (lambda h: swa_decision_figure(h, n_swa=0), "n_swa"),
+        (lambda h: swa_decision_figure(h, n_swa=True), "n_swa"),
     ],
 )
 def test_bad_input_is_refused(lesson, call, message):

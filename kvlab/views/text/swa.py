@@ -21,7 +21,7 @@ def _reuse(event: Event) -> str:
     else:
         what = "cache reused"
     return (
-        f"common prefix {event['common_prefix']}, needs positions from {event['threshold']}: "
+        f"common prefix {event['common_prefix']}, threshold {event['threshold']}: "
         f"{what}; cache_n {event['cache_n']}"
     )
 
