@@ -13,6 +13,8 @@ def test_05_checkers_name_the_mistake():
     assert ex.check("05.2", 39).right
     assert "reuses" in ex.check("05.2", 64).message
     assert "whole blocks" in ex.check("05.2", 33).message
+    rounded_up = ex.check("05.2", 31).message  # 103 - 72: the mixed block 64-71 taken as reused
+    assert "64-71 as reused" in rounded_up and "2 question tokens" in rounded_up
     assert ex.check("05.3", lambda s, bs: s // bs * bs).right
     assert "different number" in ex.check("05.3", lambda s, bs: s).message
     rounded_up = ex.check("05.3", lambda s, bs: -(-s // bs) * bs)
