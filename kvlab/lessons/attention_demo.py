@@ -29,6 +29,7 @@ from kvlab.engine.engine import GenerationResult
 from kvlab.errors import (
     LIMITS,
     InvalidArgumentError,
+    brief,
     check_bool,
     check_choice,
     check_int,
@@ -44,6 +45,48 @@ DEVICES = ("cpu", "cuda")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
+def _device(device: object) -> str:
+    """``device`` if it is one of ``DEVICES`` and present here: "cuda" only where torch sees a GPU."""
+    device = check_choice("device", device, DEVICES)
+    if device == "cuda" and not torch.cuda.is_available():
+        raise InvalidArgumentError(
+            "device='cuda' but torch sees no CUDA GPU on this machine: use device='cpu' "
+            "(or a machine with a GPU and a CUDA build of torch)"
+        )
+    return device
+
+
+def _dtype(dtype: object) -> torch.dtype:
+    """One of ``DTYPES``, compared by identity (a torch dtype is a singleton; a lookalike is refused)."""
+    for known in DTYPES:
+        if dtype is known:
+            return known
+    raise InvalidArgumentError(
+        f"dtype must be one of torch.float32, float16, bfloat16, float64, got {brief(dtype)}"
+    )
+
+
+def _check_bytes(what: str, nbytes: int, fix: str) -> None:
+    """Refuse, before anything is allocated, real tensors past ``LIMITS.memory_mib`` together."""
+    if nbytes > LIMITS.memory_mib * MiB:
+        raise InvalidArgumentError(
+            f"{what} would take {nbytes / MiB:,.0f} MiB of tensors, more than {LIMITS.memory_mib:,} MiB "
+            f"(kvlab's limit LIMITS.memory_mib): {fix}, or for a deliberately larger run use "
+            "kvlab.errors.raised_limits(memory_mib=...)"
+        )
+
+
+def _batch_bytes(
+    lengths: Sequence[int], block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+) -> int:
+    """Bytes ``paged_batch`` allocates for these sequences: the pool's K and V, each sequence's own
+    K and V (the contiguous copy the oracle reads) and one sequence's float32 draws on the way."""
+    per_token = 2 * num_kv_heads * head_dim  # K and V
+    slots = sum(-(-n // block_size) for n in lengths) * block_size
+    item = torch.empty((), dtype=dtype).element_size()
+    return per_token * ((slots + sum(lengths)) * item + max(lengths) * 4)
+
+
 def sync_for(device: str) -> Callable[[], None] | None:
     """What the timings call around each timed call: GPU work is asynchronous, so wait for it."""
     device = check_choice("device", device, DEVICES)
@@ -51,10 +94,24 @@ def sync_for(device: str) -> Callable[[], None] | None:
 
 
 def _lengths(lengths: object) -> list[int]:
-    items = [check_size("a sequence length", n, "tokens", minimum=1) for n in check_items("lengths", lengths)]
+    """Sequence lengths of one decode batch: 1 to ``LIMITS.slots`` sequences (parallel requests)."""
+    items = [
+        check_size("a sequence length", n, "tokens", minimum=1)
+        for n in check_items("lengths", lengths, "slots", what="a list of sequence lengths")
+    ]
     if not items:
         raise InvalidArgumentError("give at least one sequence length")
     return items
+
+
+def _impls(impls: object, choices: tuple[str, ...]) -> list[str]:
+    """Implementations to run, each once: at most one of each of ``choices``."""
+    out = [
+        check_choice("an impl", i, choices) for i in check_items("impls", impls, what="a list of impl names")
+    ]
+    if len(set(out)) != len(out):
+        raise InvalidArgumentError(f"impls must name each implementation once, got {out[: len(choices) + 1]}")
+    return out
 
 
 @dataclass(frozen=True)
@@ -101,7 +158,7 @@ def paged_batch(
     """
     lengths = _lengths(lengths)
     block_size = check_size("block_size", block_size, "block_size", minimum=1)
-    device = check_choice("device", device, DEVICES)
+    device = _device(device)
     check_bool("shuffled", shuffled)
     num_kv_heads = check_int("num_kv_heads", num_kv_heads, minimum=1, maximum=256)
     num_heads = check_int("num_heads", num_heads, minimum=num_kv_heads, maximum=1024)
@@ -111,15 +168,12 @@ def paged_batch(
             f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
         )
     seed = check_int("seed", seed, minimum=0, maximum=2**31 - 1)
-    if dtype not in DTYPES:
-        raise InvalidArgumentError(
-            f"dtype must be one of torch.float32, float16, bfloat16, float64, got {dtype!r}"
-        )
-    blocks = sum(-(-n // block_size) for n in lengths)
-    if 2 * blocks * block_size * num_kv_heads * head_dim * 8 > LIMITS.memory_mib * MiB:
-        raise InvalidArgumentError(
-            f"this batch's K and V would take more than {LIMITS.memory_mib:,} MiB (LIMITS.memory_mib)"
-        )
+    dtype = _dtype(dtype)
+    _check_bytes(
+        "this batch's K and V (in the pool and per sequence)",
+        _batch_bytes(lengths, block_size, num_kv_heads, head_dim, dtype),
+        "use fewer or shorter sequences, fewer KV heads or a smaller head_dim",
+    )
     cpu = torch.Generator().manual_seed(seed)
     gen = torch.Generator(device=device).manual_seed(seed)
     num_blocks = sum(-(-n // block_size) for n in lengths)
@@ -167,6 +221,7 @@ def dense_attention(
             f"give one key and one value tensor per sequence: {query.shape[0]} queries, "
             f"{len(keys)} keys, {len(values)} values"
         )
+    _check_dense_shapes(query, keys, values)
     rows = [
         F.scaled_dot_product_attention(
             q[:, None].double(), k.transpose(0, 1).double(), v.transpose(0, 1).double(), enable_gqa=True
@@ -176,15 +231,35 @@ def dense_attention(
     return torch.stack(rows)
 
 
+def _check_dense_shapes(query: torch.Tensor, keys: list, values: list) -> None:
+    """Every sequence's K and V alike, ``[seq_len >= 1, num_kv_heads, head_dim]``, grouping the query's heads, on its device."""
+    heads, dim = query.shape[1], query.shape[2]
+    if not query.is_floating_point():
+        raise InvalidArgumentError(f"query must hold floating-point numbers, got {query.dtype}")
+    for i, (k, v) in enumerate(zip(keys, values, strict=True)):
+        if k.shape != v.shape or k.shape[0] < 1 or k.shape[2] != dim or k.shape[1] < 1 or heads % k.shape[1]:
+            raise InvalidArgumentError(
+                f"sequence {i}: keys {tuple(k.shape)} and values {tuple(v.shape)} must both be "
+                f"[seq_len >= 1, num_kv_heads, {dim}] with num_kv_heads dividing the query's {heads} heads"
+            )
+        if (
+            k.device != query.device
+            or v.device != query.device
+            or not k.is_floating_point()
+            or not v.is_floating_point()
+        ):
+            raise InvalidArgumentError(
+                f"sequence {i}: keys and values must be floating-point tensors on the query's device ({query.device})"
+            )
+
+
 def error_table(lengths: Sequence[int], impls: Sequence[str], device: str = "cpu") -> list[str]:
     """Max abs error of every implementation against float64 dense attention, per block size and dtype."""
-    impls = [
-        check_choice("an impl", i, ("reference", "torch", "triton", "flex"))
-        for i in check_items("impls", impls)
-    ]
+    impls = _impls(impls, ("reference", "torch", "triton", "flex"))
     lengths = _lengths(lengths)
+    device = _device(device)
     lines = [
-        f"max abs error against float64 dense attention, {len(lengths)} sequences of {list(lengths)} tokens",
+        f"max abs error against float64 dense attention, {len(lengths)} sequence{'s' * (len(lengths) != 1)} of {lengths} tokens",
         f"{'block size':>10}  {'dtype':>8}  " + "  ".join(f"{impl:>10}" for impl in impls),
     ]
     for block_size in (1, 16, 64):
@@ -266,12 +341,27 @@ class BlockSizeSweep:
         return out
 
 
+MAX_SWEEP_SIZES = 32
+"""Block sizes one sweep compares (every power of two up to ``LIMITS.block_size`` is 17 of them)."""
+
+
 def block_size_sweep(
     lengths: Sequence[int], sizes: Sequence[int], *, device: str = "cpu", repeats: int = 21
 ) -> BlockSizeSweep:
     """One decode call of ``paged_attention`` (torch) over the same requests in each block size, timed interleaved."""
     lengths = _lengths(lengths)
     sizes = tuple(check_size("a block size", b, "block_size", minimum=1) for b in check_items("sizes", sizes))
+    device = _device(device)
+    repeats = check_int("repeats", repeats, minimum=1, maximum=1000)
+    if not sizes or len(set(sizes)) != len(sizes) or len(sizes) > MAX_SWEEP_SIZES:
+        raise InvalidArgumentError(
+            f"sizes must be 1 to {MAX_SWEEP_SIZES} different block sizes, got {brief(list(sizes))}"
+        )
+    _check_bytes(  # every size's batch is kept for the interleaved rounds
+        f"{len(sizes)} batches (one per block size)",
+        sum(_batch_bytes(lengths, bs, 2, 32, torch.float32) for bs in sizes),
+        "use fewer or shorter sequences, or fewer block sizes",
+    )
     calls, held, table = {}, {}, {}
     for bs in sizes:
         batch = paged_batch(lengths, bs, device=device, seed=bs)
@@ -314,6 +404,7 @@ class DecodeAgainstSdpa:
                 f"paged {impl} / SDPA, in time: {_ratio(shuffled, sdpa)}",
                 f"  of it, shuffled blocks / the same blocks in order: {_ratio(shuffled, ordered)}",
                 f"  and blocks in order / SDPA on the same bytes: {_ratio(ordered, sdpa)}",
+                _scattering_line(shuffled, ordered),
             ]
             if peak is None:
                 out.append(goal_line(shuffled, sdpa, f"paged {impl}"))
@@ -330,7 +421,7 @@ def goal_line(paged: Timing, sdpa: Timing, name: str, goal: float = CPU_GOAL) ->
         raise InvalidArgumentError("goal_line needs two Timings: the paged kernel's and SDPA's")
     name = check_text("name", name, allow_empty=False)
     if isinstance(goal, bool) or not isinstance(goal, (int, float)) or not 1 <= goal <= 100:
-        raise InvalidArgumentError(f"goal must be a ratio from 1 to 100, got {goal!r}")
+        raise InvalidArgumentError(f"goal must be a ratio from 1 to 100, got {brief(goal)}")
     low, high = paged.ratio_spread(sdpa)
     if high <= goal:
         verdict = f"met in this run (even the highest ratio across the IQRs, {high:.2f}x, is at most {goal}x)"
@@ -339,6 +430,25 @@ def goal_line(paged: Timing, sdpa: Timing, name: str, goal: float = CPU_GOAL) ->
     else:
         verdict = f"undecided in this run (the ratio's spread, {low:.2f}x to {high:.2f}x, straddles {goal}x)"
     return f"kvlab's goal for {name}, at most {goal}x SDPA: {verdict}"
+
+
+def _scattering_line(shuffled: Timing, ordered: Timing, goal: float = CPU_GOAL) -> str:
+    """What scattering the blocks cost in this run, bounded by the top of shuffled / in-order's spread.
+
+    The lesson claims a block lookup is small next to reading the block; the bound is set against
+    the share kvlab's goal allows paging as a whole (``goal``: 1.2x SDPA, i.e. 20%).
+    """
+    low, high = shuffled.ratio_spread(ordered)
+    allowed = 100 * (goal - 1)
+    cost = f"at most {100 * (high - 1):.0f}%" if high > 1 else "nothing measurable"
+    if high <= 1:
+        verdict = "the shuffled blocks were never slower than the same blocks in order"
+    elif high <= goal:
+        verdict = f"within the {allowed:.0f}% kvlab allows paging as a whole: the lookups were small next to the reads"
+    else:
+        verdict = f"more than the {allowed:.0f}% kvlab allows paging as a whole: this run does not show the lookups small"
+    floor = "; it may be nothing (the spread reaches 1.00x)" if low <= 1 < high else ""
+    return f"  in this run scattering the blocks over the pool cost {cost} of the in-order time{floor}: {verdict}"
 
 
 def _ratio(a: Timing, b: Timing) -> str:
@@ -360,11 +470,22 @@ def decode_against_sdpa(
 ) -> DecodeAgainstSdpa:
     """Time each paged implementation on shuffled and on in-order blocks, SDPA on the same K/V contiguous,
     and a copy of a 64 MiB tensor (this machine's memory speed), all in interleaved rounds."""
-    impls = tuple(
-        check_choice("an impl", i, ("torch", "triton", "flex")) for i in check_items("impls", impls)
-    )
+    impls = tuple(_impls(impls, ("torch", "triton", "flex")))
     seq_len = check_size("seq_len", seq_len, "tokens", minimum=1)
-    num_seqs = check_int("num_seqs", num_seqs, minimum=1, maximum=4096)
+    num_seqs = check_size("num_seqs", num_seqs, "slots", minimum=1)
+    device, dtype = _device(device), _dtype(dtype)
+    num_kv_heads = check_int("num_kv_heads", num_kv_heads, minimum=1, maximum=256)
+    head_dim = check_int("head_dim", head_dim, minimum=1, maximum=1024)
+    repeats = check_int("repeats", repeats, minimum=1, maximum=1000)
+    one = _batch_bytes([seq_len] * num_seqs, 16, num_kv_heads, head_dim, dtype)
+    contiguous = (
+        2 * num_seqs * seq_len * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+    )
+    _check_bytes(  # two batches (shuffled, in order), the contiguous K and V, the 64 MiB copy's two buffers
+        "the two batches, their contiguous K and V and the memory copy",
+        2 * one + contiguous + 2 * 64 * MiB,
+        "use fewer sequences, a shorter seq_len, fewer KV heads or a smaller head_dim",
+    )
     shape = dict(
         num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, device=device
     )
@@ -397,6 +518,13 @@ def decode_against_sdpa(
 MODES = ("slot", "blocks", "off")
 
 
+TTFT_CONTEXT = 16_384
+TTFT_PREFILLS = 30
+"""``ttft_by_mode``'s bound on its work: at most as much prefill as 30 prefills of a 16,384-token context
+(the defaults at about that length), counting a prefill's cost as the square of its length. Past it a run on
+a CPU takes a long time, and the notebook's runs (500 tokens on a CPU, 2,000 on a GPU) are far below."""
+
+
 def ttft_by_mode(
     system_tokens: int, *, device: str = "cpu", repeats: int = 5, warmup: int = 1, turns: int = 3
 ) -> dict[str, list[ChatTurnResult]]:
@@ -409,19 +537,25 @@ def ttft_by_mode(
     any is timed. ``run_chat`` does the same for one mode at a time.
     """
     system_tokens = check_size("system_tokens", system_tokens, "tokens", minimum=1)
-    device = check_choice("device", device, DEVICES)
+    device = _device(device)
     repeats = check_int("repeats", repeats, minimum=1, maximum=100)
     warmup = check_int("warmup", warmup, minimum=0, maximum=100)
     turns = check_int("turns", turns, minimum=1, maximum=20)
     length = context_needed(turns, 1, system_tokens)
-    blocks = -(-length // 16) * (
-        1 + 4 + 1
-    )  # slot and off hold one context, blocks mode four (Engine's default)
-    mib = (warmup + repeats) * blocks * 16 * ModelConfig().kv_bytes_per_token() / MiB
-    if mib > LIMITS.memory_mib:
+    reps = warmup + repeats
+    # slot and off hold one context, blocks mode four (Engine's default)
+    blocks = -(-length // 16) * (1 + 4 + 1)
+    _check_bytes(
+        f"{3 * reps} engines for a {length:,}-token context",
+        reps * blocks * 16 * ModelConfig().kv_bytes_per_token(),
+        "use fewer system_tokens, repeats or warmup",
+    )
+    prefills = reps * (turns + 2) * (length / TTFT_CONTEXT) ** 2  # off: every turn; slot, blocks: turn 1
+    if prefills > TTFT_PREFILLS:
         raise InvalidArgumentError(
-            f"{3 * (warmup + repeats)} engines for a {length:,}-token context would take {mib:,.0f} MiB of KV, "
-            f"more than LIMITS.memory_mib ({LIMITS.memory_mib:,}): use fewer system_tokens or repeats"
+            f"{3 * reps} engines playing {turns} turns of a {length:,}-token context would prefill as much as "
+            f"{prefills:,.1f} prefills of {TTFT_CONTEXT:,} tokens, more than kvlab's bound of {TTFT_PREFILLS} "
+            "(a prefill's time grows with the square of its length): use fewer system_tokens, repeats or turns"
         )
     engines = {
         mode: [Engine(cache=mode, block_size=16, max_model_len=length, device=device) for _ in range(warmup + repeats)]
@@ -434,7 +568,6 @@ def ttft_by_mode(
     samples: dict[str, list[list[tuple[GenerationResult, float]]]] = {
         m: [[] for _ in range(turns)] for m in MODES
     }
-    reps = warmup + repeats
     for r in range(turns + reps - 1):
         order = MODES[r % len(MODES) :] + MODES[: r % len(MODES)]
         for e in range(reps):
@@ -470,13 +603,18 @@ def _turn_result(k: int, turn: list[tuple[GenerationResult, float]], engine: Eng
 
 def _runs(runs: object) -> dict[str, list[ChatTurnResult]]:
     """What ``ttft_by_mode`` returns: the three modes, each the same number of timed turns."""
-    if not isinstance(runs, dict) or set(runs) != set(MODES):
+    # read through dict's own methods: a dict subclass's iteration or lookup may raise or lie
+    if (
+        not isinstance(runs, dict)
+        or dict.__len__(runs) != len(MODES)
+        or not all(dict.__contains__(runs, mode) for mode in MODES)
+    ):
         raise InvalidArgumentError(
             f"runs must be what ttft_by_mode returns (a dict of {MODES}), got {type(runs).__name__}"
         )
     out = {}
     for mode in MODES:
-        turns = check_items(f"runs[{mode!r}]", runs[mode], "turns")
+        turns = check_items(f"runs[{mode!r}]", dict.__getitem__(runs, mode), "turns")
         if not turns or not all(isinstance(t, ChatTurnResult) and isinstance(t.ttft, Timing) for t in turns):
             raise InvalidArgumentError(f"runs[{mode!r}] must be a non-empty list of timed ChatTurnResults")
         out[mode] = turns
@@ -494,7 +632,9 @@ def ttft_lines(runs: dict[str, list[ChatTurnResult]]) -> list[str]:
             f"turn {t.turn}: {t.ttft.median_ms:6.1f} ms ({t.ttft.q1_ms:.1f}-{t.ttft.q3_ms:.1f})"
             for t in turns
         )
-        out.append(f"{mode:<7}{cells}   cache_n {[t.cache_n for t in turns]}")
+        out.append(
+            f"{mode:<7}{cells}   cache_n {[t.cache_n for t in turns]}, prompt_n {[t.prompt_n for t in turns]}"
+        )
     out += [f"(median time to first token of {runs['slot'][0].ttft.repeats} runs, IQR in brackets)", ""]
     out.append(cold_turns_line(runs))
     off = runs["off"]
@@ -525,12 +665,19 @@ def cold_turns_line(runs: dict[str, list[ChatTurnResult]]) -> str:
     head = (
         f"turn 1 prefills all {sizes[0]:,} prompt tokens in every mode: " if len(sizes) == 1 else "turn 1: "
     )
+    widths = ", ".join(
+        f"{mode} {100 * (t.q3_ms - t.q1_ms) / t.median_ms if t.median_ms else 0:.0f}%"
+        for mode, t in cold.items()
+    )
     if not apart:
-        return head + "the three medians agree within their IQRs (no mode clearly faster), as they should"
+        return head + (
+            f"the three medians agree within their IQRs (no mode clearly faster); the IQRs are {widths} of "
+            "the medians, so a difference smaller than that would pass unseen"
+        )
     if spread <= COLD_TOLERANCE:
         return head + (
             f"the medians are within {100 * (spread - 1):.0f}% of each other ({fastest} fastest, {slowest} "
-            "slowest; their IQRs are narrower than that), small next to the factors below"
+            f"slowest; their IQRs, {widths} of the medians, are narrower than that), small next to the factors below"
         )
     a, b = apart[0]
     return head + (

@@ -30,7 +30,7 @@ caches the system prompt first) and ``longest_prefix`` (the most cached tokens, 
 are the routers to compare. Real routers: SGLang's ``sglang-router`` (``cache_aware``: an approximate
 radix tree per worker and load-balance thresholds) and vLLM's ``vllm-router``.
 
-Kept as one module (under 600 lines): the three parts are notebook 16's problems and share its
+Kept as one module (under 650 lines): the three parts are notebook 16's problems and share its
 cache settings; each is a few small functions.
 """
 
@@ -42,8 +42,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvlab.core.chat_format import Tokenizer, as_messages, render_text
-from kvlab.errors import InvalidArgumentError, KvlabError, brief, check_int, check_items
+from kvlab.core.chat_format import Message, Tokenizer, as_messages, render_text
+from kvlab.errors import (
+    InvalidArgumentError,
+    KvlabError,
+    brief,
+    check_choice,
+    check_int,
+    check_items,
+    check_optional_str,
+)
 from kvlab.fleet.traffic import chat_traffic, prompts_and_answers
 from kvlab.models.prefix_cache import PrefixCache
 from kvlab.server.slots import common_prefix
@@ -52,55 +60,15 @@ KEEP_LAST = 5  # tool results a layout must keep verbatim
 BLOCK_SIZE = 16
 HISTORY_BUDGET = 6000  # tokens of history the naive layout keeps (it drops from the front)
 
+# fmt: off
 _WORDS = [
-    "cache",
-    "block",
-    "token",
-    "prefix",
-    "request",
-    "server",
-    "reply",
-    "agent",
-    "tool",
-    "file",
-    "line",
-    "test",
-    "build",
-    "error",
-    "value",
-    "table",
-    "index",
-    "slot",
-    "layer",
-    "head",
-    "batch",
-    "queue",
-    "model",
-    "prompt",
-    "result",
-    "config",
-    "module",
-    "function",
-    "return",
-    "import",
-    "class",
-    "memory",
-    "pool",
-    "chain",
-    "hash",
-    "page",
-    "write",
-    "read",
-    "open",
-    "close",
-    "path",
-    "parse",
-    "check",
-    "count",
-    "order",
-    "merge",
-    "split",
+    "cache", "block", "token", "prefix", "request", "server", "reply", "agent", "tool", "file", "line",
+    "test", "build", "error", "value", "table", "index", "slot", "layer", "head", "batch", "queue", "model",
+    "prompt", "result", "config", "module", "function", "return", "import", "class", "memory", "pool",
+    "chain", "hash", "page", "write", "read", "open", "close", "path", "parse", "check", "count", "order",
+    "merge", "split"
 ]
+# fmt: on
 
 
 # ---------------------------------------------------------------- the agent session
@@ -161,6 +129,44 @@ def agent_session(seed: int = 16, calls: int = 48) -> AgentSession:
     return AgentSession(system, tools, task, tuple(out))
 
 
+def _check_session(session: object) -> AgentSession:
+    """``session`` if it is an AgentSession whose fields are what ``agent_session`` builds (a forged one is refused)."""
+    if not isinstance(session, AgentSession):
+        raise InvalidArgumentError(f"session must be an AgentSession (agent_session()), got {brief(session)}")
+    texts = (session.system, session.task, *session.tools) if type(session.tools) is tuple else None
+    calls = session.calls if type(session.calls) is tuple else None
+    if (
+        texts is None
+        or calls is None
+        or len(session.tools) != len(TOOLS)
+        or not all(type(t) is str for t in texts)
+        or not 1 <= len(calls) <= 200
+        or not all(
+            type(c) is ToolCall and c.name in TOOLS and type(c.arguments) is str and type(c.result) is str
+            for c in calls
+        )
+    ):
+        raise InvalidArgumentError(
+            "session must be built by agent_session(): text fields, one definition per tool, 1..200 ToolCalls"
+        )
+    return session
+
+
+def _check_turn(session: AgentSession, turn: object) -> int:
+    """A turn of ``session``: 0 (before the first call) up to ``session.turns`` (after the last)."""
+    return check_int("turn", turn, minimum=0, maximum=session.turns)
+
+
+def _raised(exc: BaseException) -> str:
+    """``Type: message`` of an exception from a caller's function; never raises, whatever its ``__str__`` does."""
+    try:
+        text = str(exc)
+    except Exception:
+        text = ""
+    text = text if type(text) is str else ""
+    return type(exc).__name__ + (f": {text[:200]}" if text else "")
+
+
 def _history(session: AgentSession, turn: int) -> list[dict[str, str]]:
     msgs = []
     for call in session.calls[:turn]:
@@ -171,7 +177,7 @@ def _history(session: AgentSession, turn: int) -> list[dict[str, str]]:
 
 def _stamp(turn: int) -> str:
     """The naive layout's first line: the current time, a new minute every turn."""
-    return f"Current time: 2026-12-01 10:{turn:02d}:00\n"
+    return f"Current time: 2026-12-01 {10 + turn // 60:02d}:{turn % 60:02d}:00\n"
 
 
 def _tools_by_recent_use(session: AgentSession, turn: int) -> list[str]:
@@ -195,6 +201,8 @@ def _trimmed(history: list[dict[str, str]]) -> list[dict[str, str]]:
 def _layout_with(
     session: AgentSession, turn: int, *, stamp: bool, recent_tools: bool, trim: bool
 ) -> list[dict[str, str]]:
+    session = _check_session(session)
+    turn = _check_turn(session, turn)
     tools = _tools_by_recent_use(session, turn) if recent_tools else list(session.tools)
     system = (_stamp(turn) if stamp else "") + session.system + "\n" + "\n".join(tools)
     history = _trimmed(_history(session, turn)) if trim else _history(session, turn)
@@ -208,6 +216,8 @@ def naive_layout(session: AgentSession, turn: int) -> list[dict[str, str]]:
 
 def append_only_layout(session: AgentSession, turn: int) -> list[dict[str, str]]:
     """A fixed prefix (system, tools in one order, task), then every call and result, appended."""
+    session = _check_session(session)
+    turn = _check_turn(session, turn)
     messages = [
         {"role": "system", "content": session.system + "\n" + "\n".join(session.tools)},
         {"role": "user", "content": session.task},
@@ -228,10 +238,7 @@ NAIVE_FAULTS: dict[str, dict[str, bool]] = {
 
 def fault_layout(fault: str) -> Layout:
     """Append-only with one of ``NAIVE_FAULTS`` added: what that fault costs on its own."""
-    if fault not in NAIVE_FAULTS:
-        raise InvalidArgumentError(
-            f"fault must be one of {', '.join(map(repr, NAIVE_FAULTS))}, got {brief(fault)}"
-        )
+    fault = check_choice("fault", fault, tuple(NAIVE_FAULTS), what="naive fault")
     options = NAIVE_FAULTS[fault]
 
     def layout(session: AgentSession, turn: int) -> list[dict[str, str]]:
@@ -317,31 +324,49 @@ class SessionCost:
 Layout = Callable[[AgentSession, int], Sequence[Any]]
 
 
-def session_prompts(session: AgentSession, layout: Layout) -> list[tuple[int, ...]]:
-    """Each turn's prompt tokens under ``layout``, rendered with kvlab's chat template."""
-    if not isinstance(session, AgentSession):
-        raise InvalidArgumentError(f"session must be an AgentSession (agent_session()), got {brief(session)}")
+def _check_layout(layout: object) -> Layout:
     if not callable(layout):
         raise InvalidArgumentError(
             f"layout must be a function (session, turn) -> messages, got {brief(layout)}"
         )
+    return layout  # type: ignore[return-value]
+
+
+def _messages(session: AgentSession, layout: Layout, turn: int) -> list[Message]:
+    """What ``layout`` gives for ``turn``, read as chat messages (bounded, checked).
+
+    The layout's own errors are its own (the caller wrote it) and pass through unchanged; what it
+    returns is refused with kvlab's error when it is not a list of role/content messages.
+    """
+    got = layout(session, turn)
+    try:
+        return as_messages(got)
+    except KvlabError as exc:
+        raise InvalidArgumentError(
+            f"layout(session, {turn}) gave messages kvlab cannot render: {exc}"
+        ) from None
+    except Exception as exc:  # a message whose own methods raise
+        raise InvalidArgumentError(
+            f"layout(session, {turn}) gave messages kvlab cannot read ({_raised(exc)}): "
+            "return a list of {'role': ..., 'content': ...} dicts"
+        ) from None
+
+
+def session_prompts(session: AgentSession, layout: Layout) -> list[tuple[int, ...]]:
+    """Each turn's prompt tokens under ``layout``, rendered with kvlab's chat template."""
+    session, layout = _check_session(session), _check_layout(layout)
     tok = Tokenizer()
     known: dict[tuple[str, str], list[int]] = {}  # a message repeats turn after turn: encode it once
     opening = tok.encode(render_text([], add_generation_prompt=True))
     prompts = []
     for t in range(session.turns):
-        try:
-            tokens: list[int] = []
-            for m in as_messages(layout(session, t)):
-                key = (m.role, m.content)
-                if key not in known:
-                    known[key] = tok.encode(render_text([m], add_generation_prompt=False))
-                tokens += known[key]
-            prompts.append(tuple(tokens + opening))  # the same tokens as chat_format.render
-        except KvlabError as exc:
-            raise InvalidArgumentError(
-                f"layout(session, {t}) gave messages kvlab cannot render: {exc}"
-            ) from None
+        tokens: list[int] = []
+        for m in _messages(session, layout, t):
+            key = (m.role, m.content)
+            if key not in known:
+                known[key] = tok.encode(render_text([m], add_generation_prompt=False))
+            tokens += known[key]
+        prompts.append(tuple(tokens + opening))  # the same tokens as chat_format.render
     return prompts
 
 
@@ -396,9 +421,10 @@ def fault_lines(session: AgentSession, pricing: Pricing = EXAMPLE_PRICING) -> li
 
 def information_kept(session: AgentSession, layout: Layout, keep_last: int = KEEP_LAST) -> tuple[bool, str]:
     """Does every turn's prompt keep the system prompt, each tool, the task and the last results verbatim?"""
+    session, layout = _check_session(session), _check_layout(layout)
     keep_last = check_int("keep_last", keep_last, minimum=0, maximum=200)
     for t in range(session.turns):
-        text = "\n".join(m.get("content", "") if isinstance(m, dict) else str(m) for m in layout(session, t))
+        text = "\n".join(m.content for m in _messages(session, layout, t))
         for what, piece in (("the system prompt", session.system), ("the task", session.task)):
             if piece not in text:
                 return False, f"turn {t}: {what} is missing"
@@ -478,11 +504,23 @@ def most_cached(request: RoutedRequest, replicas: Sequence[ReplicaView]) -> int:
     return max(replicas, key=lambda r: (r.cached_tokens, -r.index)).index
 
 
-def longest_prefix(request: RoutedRequest, replicas: Sequence[ReplicaView], load_bound: float = 1.25) -> int:
-    """The replica with the most cached tokens among those within ``load_bound`` x the mean load."""
+def longest_prefix(request: RoutedRequest, replicas: Sequence[ReplicaView], load_bound: float = 1.10) -> int:
+    """The replica with the most cached tokens among those within ``load_bound`` x the mean load.
+
+    The default is exercise 16.4's bound: counting this request, no replica goes past 1.10 x the mean.
+    """
     mean = (sum(r.requests for r in replicas) + 1) / len(replicas)
     allowed = [r for r in replicas if r.requests + 1 <= load_bound * mean] or list(replicas)
     return max(allowed, key=lambda r: (r.cached_tokens, -r.requests, -r.index)).index
+
+
+def _router_name(router: object) -> str:
+    """The router's ``__name__`` as plain text, or "router" (a callable object may have none, or a strange one)."""
+    try:
+        named = getattr(router, "__name__", None)
+    except Exception:
+        named = None
+    return str.__str__(named) if isinstance(named, str) and named else "router"
 
 
 def route_fleet(
@@ -502,6 +540,7 @@ def route_fleet(
         raise InvalidArgumentError(
             f"router must be a function (request, replicas) -> index, got {brief(router)}"
         )
+    name = check_optional_str("name", name, allow_empty=False)
     replicas = check_int("replicas", replicas, minimum=1, maximum=64)
     capacity_blocks = check_int("capacity_blocks", capacity_blocks, minimum=replicas, maximum=1 << 20)
     traffic = chat_traffic(users=users, turns=turns, seed=seed, system_tokens=system_tokens)
@@ -521,9 +560,7 @@ def route_fleet(
         try:
             choice = router(request, views)
         except Exception as exc:  # the student's router: report it (the cause is kept for a checker)
-            raise InvalidArgumentError(
-                f"the router raised on request {i}: {type(exc).__name__}: {exc}"
-            ) from exc
+            raise InvalidArgumentError(f"the router raised on request {i}: {_raised(exc)}") from exc
         if type(choice) is not int or not 0 <= choice < replicas:
             raise InvalidArgumentError(
                 f"the router must return a replica index 0..{replicas - 1}, got {brief(choice)}"
@@ -541,7 +578,7 @@ def route_fleet(
         sent[choice] += len(prompt)
     total = sum(sent)
     return RoutingResult(
-        name or getattr(router, "__name__", "router"),
+        name or _router_name(router),
         replicas,
         sum(hits) / total if total else 0.0,
         tuple(taken),

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from kvlab.core.chat_format import Message, Tokenizer, render, reply_tokens
 from kvlab.core.snapshots import RequestRecord, Step
-from kvlab.errors import InvalidArgumentError, check_bool, check_items, check_size, check_text
+from kvlab.errors import InvalidArgumentError, brief, check_bool, check_items, check_size, check_text
 from kvlab.server.conversation import ChatTurn, TurnCounters, predicted_cache_n, replay_chat, tokens_processed
 from kvlab.server.slots import SlotServer
 from kvlab.views import cache_n_figure
@@ -208,7 +208,8 @@ def on_real_server(chat: bool = True) -> list[str]:
         else []
     )
     real, ours = run_slots(refusal, n_slots=2, n_ctx=256)
-    lines += side_by_side("a 300-token prompt on 256-token slots, -np 2", real, ours, cols)
+    slots = "a 300-token prompt on 256-token slots (-np 2 -c 512: each slot gets -c / -np = 256 tokens)"
+    lines += side_by_side(slots, real, ours, cols)
     lines.append(refusal_line(real, ours))
     lines += side_by_side("n_predict 0, -np 1", *run_slots(zero, n_ctx=512), cols)
     return lines
@@ -257,13 +258,15 @@ AgentRun = list[tuple[str, RequestRecord]]
 def _agent_run(name: str, run: object) -> AgentRun:
     """A run of ``take_turns``: a list of (agent name, RequestRecord)."""
     items = check_items(name, run, what="a list of (agent, RequestRecord) pairs")
-    for item in items:
-        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
-                and isinstance(item[1], RequestRecord)):  # fmt: skip
+    pairs: AgentRun = []
+    for item in items:  # read through tuple's own methods: a subclass's may raise or lie
+        pair = tuple.__getitem__(item, slice(None)) if isinstance(item, tuple) else ()
+        if not (len(pair) == 2 and isinstance(pair[0], str) and isinstance(pair[1], RequestRecord)):
             raise InvalidArgumentError(
                 f"{name} must hold (agent, RequestRecord) pairs, as take_turns returns"
             )
-    return items  # type: ignore[return-value]
+        pairs.append((check_text("an agent's name", pair[0]), pair[1]))
+    return pairs
 
 
 def _server(server: object) -> SlotServer:
@@ -313,11 +316,15 @@ def agent_lines(results: dict[str, AgentRun]) -> list[str]:
     A slot chosen by similarity shows the share of the prompt that its longest common prefix with the
     slot covers (llama-server's ``lcp`` similarity).
     """
-    if not isinstance(results, dict) or not all(isinstance(k, str) for k in results):
+    pairs = list(dict.items(results)) if isinstance(results, dict) else None  # dict's own, not a subclass's
+    if pairs is None or not all(isinstance(k, str) for k, _ in pairs):
         raise InvalidArgumentError(
             "results must map a server's label to its run, as two_agents_on_three_servers returns"
         )
-    results = {label: _agent_run(f"results[{label!r}]", run) for label, run in results.items()}
+    results = {
+        check_text("a server's label", label): _agent_run(f"results[{brief(label)}]", run)
+        for label, run in pairs
+    }
     lines = [
         "(slot chosen by similarity: the share of the prompt its longest common prefix with the slot covers)"
     ]
@@ -406,10 +413,13 @@ def counters_figure(runs: dict[str, list[object]], title: str = "Each request so
 
 
 def counters_animation(server: SlotServer, turns: int = 4):
-    """The plotly animation of ``counter_steps``: one frame per request placed (the steps where the bars change)."""
+    """The plotly animation of ``counter_steps``: one frame per request placed (the steps where the bars change).
+
+    It opens on the first request, not on the empty start, so a page without a kernel shows bars at once.
+    """
     server = _server(server)
     steps = counter_steps(server, turns)
-    placed = [s for s in steps if s.index == 0 or server.history[s.index].event.kind == "slots.place"]
+    placed = [s for s in steps if server.history[s.index].event.kind == "slots.place"] or steps[:1]
     return animate(
         [counters_figure(s.state, caption(s)).to_dict() for s in placed], [caption(s) for s in placed]
     )

@@ -10,11 +10,12 @@ working set, a sweep, salts, routing), so every number it states comes from a ru
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from kvlab.errors import InvalidArgumentError, brief, check_choice, check_int
+from kvlab.errors import InvalidArgumentError, brief, check_choice, check_int, check_items, check_text
 from kvlab.fleet import HASH_SCHEMES, FleetConfig, FleetResult, simulate_many
 
 LESSON_SCENARIOS: tuple[tuple[str, FleetConfig], ...] = (
@@ -51,6 +52,7 @@ def _tokens(total: int) -> str:
 
 def format_table(results: Sequence[FleetResult]) -> str:
     """The rows laid out like the lesson's table (cache GiB at 128 KiB of KV per token)."""
+    results = _check_results("results", results)
     width = max([NAME_WIDTH] + [len(r.scenario) + 2 for r in results])
     lines = [f"{'scenario':<{width}}{'cache':>9}{'hit rate':>10}{'prefill tokens':>16}"]
     for r in results:
@@ -63,6 +65,7 @@ def format_table(results: Sequence[FleetResult]) -> str:
 
 def lesson_row(result: FleetResult) -> str:
     """One result as the lesson printed it (the format of ``LESSON_ROWS``)."""
+    result = _check_result("result", result)
     size, rate = f"{result.config.cache_gib:.1f} GiB", f"{100 * result.hit_rate:.1f}%"
     return f"{size} · {rate} · {result.prefill_tokens:,} of {result.total_tokens / 1e6:.1f}M"
 
@@ -90,9 +93,21 @@ def _check_result(name: str, result: object) -> FleetResult:
 
 
 def _check_results(name: str, results: object) -> list[FleetResult]:
-    if not isinstance(results, (list, tuple)) or not results:
-        raise InvalidArgumentError(f"{name} must be a non-empty list of FleetResult")
-    return [_check_result(f"{name}[{i}]", r) for i, r in enumerate(results)]
+    what = "a non-empty list of FleetResult (from kvlab.fleet.simulate)"
+    items = check_items(name, results, what=what)
+    if not items:
+        raise InvalidArgumentError(f"{name} must be {what}, got an empty one")
+    return [_check_result(f"{name}[{i}]", r) for i, r in enumerate(items)]
+
+
+def _named(name: str, mapping: object, what: str) -> list[tuple[str, Any]]:
+    """A dict's (name, value) pairs, read through dict's own methods; every name plain text."""
+    if not isinstance(mapping, dict):
+        raise InvalidArgumentError(f"{name} must be {what}, got {brief(mapping)} ({type(mapping).__name__})")
+    pairs = check_items(name, list(dict.items(mapping)), what=what)
+    if not pairs:
+        raise InvalidArgumentError(f"{name} must be {what}, got an empty dict")
+    return [(check_text(f"a name in {name}", k), v) for k, v in pairs]  # type: ignore[misc]
 
 
 def prefill_by_turn(result: FleetResult) -> list[int]:
@@ -130,7 +145,11 @@ def turn_lines(results: Sequence[FleetResult], *, early: int = 300) -> list[str]
 def working_set_lines(unlimited: FleetResult, large: FleetResult) -> list[str]:
     """What an unlimited cache ends up holding, against the lesson's large cache (``large``)."""
     unlimited, large = _check_result("unlimited", unlimited), _check_result("large", large)
-    everything = max(unlimited.trace.cached_blocks)
+    everything = max(unlimited.trace.cached_blocks, default=0)
+    if not everything:
+        raise InvalidArgumentError(
+            "unlimited cached nothing: pass a run with a cache (capacity_blocks > 0), such as an unlimited one"
+        )
     gib = replace(unlimited.config, capacity_blocks=everything).cache_gib
     return [
         f"unlimited cache: ends up holding {everything:,} blocks ({gib:.1f} GiB), hit rate {100 * unlimited.hit_rate:.1f}%",
@@ -208,25 +227,48 @@ def routing_lines(results: Sequence[FleetResult]) -> list[str]:
 
 def rate_lines(results: dict[str, FleetResult]) -> list[str]:
     """``name: hit rate`` for each named run, in order."""
-    if not isinstance(results, dict) or not results:
-        raise InvalidArgumentError("results must be a non-empty dict of name -> FleetResult")
-    width = max(len(str(k)) for k in results) + 2
-    return [
-        f"{str(k) + ':':<{width}}{100 * _check_result(str(k), r).hit_rate:5.1f}%" for k, r in results.items()
+    pairs = [
+        (k, _check_result(f"results[{brief(k)}]", r))
+        for k, r in _named("results", results, "a non-empty dict of name -> FleetResult")
     ]
+    width = max(len(k) for k, _ in pairs) + 2
+    return [f"{k + ':':<{width}}{100 * r.hit_rate:5.1f}%" for k, r in pairs]
 
 
 # ---------------------------------------------------------------- the timing probe, on the engine and over HTTP
 
 
+def _check_probe_runs(runs: object) -> list[tuple[str, Any]]:
+    """``runs`` as (setting, ProbeRun) pairs, each run with its guesses and exactly one secret among them.
+
+    A ProbeRun exists only once ``kvlab.engine.probe`` (and torch) is loaded, so the type is looked up
+    there rather than imported: refusing a wrong argument never needs torch.
+    """
+    what = "the dict tenant_probe_demo() returns (setting -> ProbeRun)"
+    pairs = _named("runs", runs, what)
+    probe = sys.modules.get("kvlab.engine.probe")
+    probe_run, probe_row = getattr(probe, "ProbeRun", None), getattr(probe, "ProbeRow", None)
+    for setting, run in pairs:
+        if probe_run is None or not isinstance(run, probe_run):
+            raise InvalidArgumentError(
+                f"runs[{brief(setting)}] must be a ProbeRun (from kvlab.engine.tenant_probe_demo), got {brief(run)}"
+            )
+        guesses = run.guesses
+        if type(guesses) is not tuple or not all(isinstance(r, probe_row) for r in guesses):  # type: ignore[arg-type]
+            raise InvalidArgumentError(f"runs[{brief(setting)}].guesses must be a tuple of ProbeRow")
+        if sum(r.is_secret is True for r in guesses) != 1:
+            raise InvalidArgumentError(
+                f"runs[{brief(setting)}] must have exactly one guess that is the secret: pass tenant_probe_demo()'s runs"
+            )
+    return pairs
+
+
 def engine_probe_lines(runs: dict[str, Any]) -> list[str]:
     """What ``kvlab.engine.tenant_probe_demo`` found, per setting: calibration, every guess, the score."""
-    if not isinstance(runs, dict) or not runs:
-        raise InvalidArgumentError("runs must be the dict tenant_probe_demo() returns")
     lines = []
-    for setting, run in runs.items():
+    for setting, run in _check_probe_runs(runs):
         cal = run.calibration
-        lines.append(f"{setting}: the victim's record names {run.secret!r}")
+        lines.append(f"{setting}: the victim's record names {brief(run.secret, 80)}")
         lines.append(
             f"  calibration: known hit {cal.hit.median_ms:.1f} ms (IQR {cal.hit.q1_ms:.1f}-{cal.hit.q3_ms:.1f}), "
             f"known miss {cal.miss.median_ms:.1f} ms (IQR {cal.miss.q1_ms:.1f}-{cal.miss.q3_ms:.1f}); "
@@ -238,7 +280,7 @@ def engine_probe_lines(runs: dict[str, Any]) -> list[str]:
                 f"{r.ttft_ms:6.1f} ms (IQR {r.ttft.q1_ms:.1f}-{r.ttft.q3_ms:.1f}, threshold {r.threshold_ms:5.1f})"
                 f"   verdict: {'hit' if r.classified_hit else 'miss'}"
             )
-        secret_row = next(r for r in run.guesses if r.is_secret)
+        secret_row = next(r for r in run.guesses if r.is_secret)  # _check_probe_runs: there is one
         right = sum(r.classified_hit == r.is_secret for r in run.guesses)
         counts = {r.cache_n for r in run.guesses}
         if len(counts) == 1:
