@@ -219,3 +219,23 @@ def test_hostile_lengths_and_block_sizes_are_refused_or_handled(value):
 @given(st.lists(st.integers(1, 70), min_size=1, max_size=4), st.sampled_from([1, 16, 64]))
 def test_any_small_batch_matches_dense_attention(lengths, block_size):
     assert _error(demo.paged_batch(lengths, block_size)) < 1e-5
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: demo.ttft_by_mode(20_000),  # past the stated prefill work bound
+        lambda: demo.error_table([4], ["torch", "torch"]),  # an implementation named twice
+        lambda: demo.block_size_sweep([4], [4, 4]),  # a block size named twice
+    ],
+    ids=["ttft work bound", "impls twice", "block sizes twice"],
+)
+def test_bounds_are_refused_before_any_work(call):
+    with pytest.raises(KvlabError):
+        call()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+def test_cuda_without_a_gpu_is_refused_with_kvlabs_error():
+    with pytest.raises(KvlabError, match="cpu"):
+        demo.paged_batch([4], 4, device="cuda")
