@@ -74,6 +74,7 @@ class Limits:
 
     num_blocks: int = 1 << 20  # blocks in one pool: 16M tokens at block size 16, more than any GPU holds
     drawn_blocks: int = 1 << 14  # blocks a figure or the Playground draws, a cell each: 512 rows of 32 (~3 s)
+    frames: int = 1000  # frames one animation draws, a full figure each (~6 ms apiece: 1,000 take ~6 s)
     block_size: int = 1 << 16  # tokens per block (vLLM's largest is 256; llama.cpp's ubatch 512)
     tokens: int = 1 << 22  # tokens in one request, prompt or pool (4,194,304: past any context window)
     total_tokens: int = 1 << 27  # tokens one simulation or scenario may process in all (134M)

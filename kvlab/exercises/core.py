@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import html
+import math
 import random
 import re
 import time
@@ -46,7 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvlab.errors import InvalidArgumentError, KvlabError, brief
+from kvlab.errors import InvalidArgumentError, brief
 from kvlab.exercises.guard import PRINT_LIMIT, Capped, TimeUp, deadline, what_was_raised
 from kvlab.exercises.plain import Opaque, describe, plain, tidy
 from kvlab.exercises.plain import name_in as name_in  # the checkers import it from here
@@ -60,8 +61,9 @@ from kvlab.lessons.log import log_event
 _ID = re.compile(r"(\d\d)\.([1-9]\d*)")
 
 
-class UnknownExerciseError(KvlabError, LookupError):
-    """``check`` was given an exercise id that no notebook registered."""
+class UnknownExerciseError(InvalidArgumentError, LookupError):
+    """``check`` was given an exercise id that no notebook registered (a wrong argument, so an
+    ``InvalidArgumentError``; a ``LookupError`` too, as a failed lookup)."""
 
     def __str__(self) -> str:  # LookupError would quote the message
         return str(self.args[0]) if self.args else ""
@@ -102,6 +104,10 @@ def _as_int(a: Any) -> int:
 
 
 def _as_number(a: Any) -> float:
+    if type(a) is int and a.bit_length() > 1023:  # past any float: float(a) would raise OverflowError
+        with contextlib.suppress(OverflowError):
+            return float(a)
+        raise _Refused(f"you gave {brief(a)}, a number out of range: it is larger than any float.")
     if type(a) in (int, float):
         return float(a)
     if type(a) is str:
@@ -299,27 +305,36 @@ def _check_prediction(exercise_id: str, answer_type: str, predicts: object) -> N
         raise InvalidArgumentError(
             f"exercise {exercise_id}: a prediction's answer_type must be one of {', '.join(PREDICTION_TYPES)}"
         )
-    if not isinstance(predicts.reread, str) or not predicts.reread.strip():
-        raise InvalidArgumentError(f"exercise {exercise_id}: Prediction.reread must be a non-empty string")
-    within = predicts.within
-    if isinstance(within, bool) or not isinstance(within, (int, float)) or not 0 <= within < float("inf"):
-        raise InvalidArgumentError(f"exercise {exercise_id}: Prediction.within must be a number >= 0")
-    if not isinstance(predicts.unit, str) or len(predicts.unit) > 12:
-        raise InvalidArgumentError(f"exercise {exercise_id}: Prediction.unit must be a short string")
-    if predicts.slip is not None and not callable(predicts.slip):
-        raise InvalidArgumentError(f"exercise {exercise_id}: Prediction.slip must be a function or None")
-    if (
-        isinstance(predicts.digits, bool)
-        or not isinstance(predicts.digits, int)
-        or not 0 <= predicts.digits <= 6
-    ):
-        raise InvalidArgumentError(f"exercise {exercise_id}: Prediction.digits must be an int from 0 to 6")
+    fault = _prediction_fault(predicts)
+    if fault:
+        raise InvalidArgumentError(f"exercise {exercise_id}: {fault}")
+
+
+def _prediction_fault(p: Prediction) -> str:
+    """What is wrong with ``p``'s fields, or "": ``exercise(..., predicts=p)`` refuses a faulty one."""
+    if not isinstance(p.reread, str) or not str.strip(p.reread):
+        return f"Prediction.reread must be a non-empty string, got {brief(p.reread)}"
+    within = p.within
+    try:
+        finite = type(within) in (int, float) and math.isfinite(float(within)) and within >= 0
+    except OverflowError:  # an int past any float: the reveal could not print it
+        finite = False
+    if not finite:
+        return f"Prediction.within must be a number >= 0, finite (an int or a float), got {brief(within)}"
+    if not isinstance(p.unit, str) or len(str.__str__(p.unit)) > 12:
+        return f"Prediction.unit must be a string of at most 12 characters, got {brief(p.unit)}"
+    if p.slip is not None and not callable(p.slip):
+        return f"Prediction.slip must be a function or None, got {brief(p.slip)}"
+    if type(p.digits) is not int or not 0 <= p.digits <= 6:
+        return f"Prediction.digits must be an int from 0 to 6, got {brief(p.digits)}"
+    return ""
 
 
 def get(exercise_id: str) -> Exercise:
     """The registered exercise ``exercise_id``; ``UnknownExerciseError`` names the ones that exist."""
     if not isinstance(exercise_id, str):
-        raise UnknownExerciseError(f"an exercise id is a string like '01.2', got {exercise_id!r}")
+        raise UnknownExerciseError(f"an exercise id is a string like '01.2', got {brief(exercise_id)}")
+    exercise_id = str.__str__(exercise_id)  # plain text: a subclass's own __hash__ never runs
     try:
         return _REGISTRY[exercise_id]
     except KeyError:
@@ -328,7 +343,7 @@ def get(exercise_id: str) -> Exercise:
         known = (
             f"notebook {nb} has {', '.join(same)}" if same else f"known ids: {', '.join(_REGISTRY) or 'none'}"
         )
-        raise UnknownExerciseError(f"unknown exercise {exercise_id!r}; {known}") from None
+        raise UnknownExerciseError(f"unknown exercise {brief(exercise_id)}; {known}") from None
 
 
 def exercises(notebook: str | None = None) -> list[Exercise]:

@@ -21,6 +21,10 @@ with a verdict:
 
 Every registered exercise of the notebook gets one ``Row``, with 0 points and
 the reason when its cell is missing, raised, or was never reached.
+
+Kept as one module (about 530 lines): preparing a notebook, running it and grading what came
+back share the ``Prepared`` record, the worker's record format and the cell-finding rules (which
+cell holds an exercise, whether a reveal came before a prediction).
 """
 
 from __future__ import annotations
@@ -134,7 +138,8 @@ def identify(nb: Any, path: Path) -> str | None:
     return m.group(1) if m and exercises(m.group(1)) else None
 
 
-_CHECK_ID = re.compile(r"""check\(\s*["'](\d\d\.\d+)["']""")
+_CHECK_ID = re.compile(r"""(?:check|predict)\(\s*["'](\d\d\.\d+)["']""")
+"""An exercise cell without its metadata, found by its ``check("NN.k", ...)`` or ``predict("NN.k", ...)``."""
 
 
 def _known() -> set[str]:
@@ -192,7 +197,7 @@ def prepare(nb: Any, notebook: str, nonce: str) -> Prepared:
 
 
 def _answer_expression(source: str, exercise_id: str) -> str:
-    """What the cell hands to ``check(exercise_id, ...)``: usually the name ``answer``."""
+    """What the cell hands to ``check(exercise_id, ...)`` or ``predict(...)``: usually the name ``answer``."""
     try:
         tree = ast.parse(source)
     except SyntaxError:
@@ -201,7 +206,7 @@ def _answer_expression(source: str, exercise_id: str) -> str:
         if (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Name)
-            and node.func.id == "check"
+            and node.func.id in ("check", "predict")
             and len(node.args) >= 2
             and isinstance(node.args[0], ast.Constant)
             and node.args[0].value == exercise_id
@@ -380,16 +385,75 @@ def _row(student: str, ex: Exercise, status: str, feedback: str, answer: str = "
     return Row(student, ex.notebook, ex.id, points, ex.points, status, feedback, ex.title, answer)
 
 
-_REVEAL = re.compile(r"""\breveal\(\s*["'](\d\d\.\d+)["']""")
+def _parsed(source: str) -> ast.Module | None:
+    """A code cell's syntax tree; IPython's ``%magic`` and ``!shell`` lines are read as blank lines."""
+    for text in (source, re.sub(r"(?m)^[ \t]*[%!].*$", "", source)):
+        try:
+            return ast.parse(text)
+        except (SyntaxError, ValueError):  # ValueError: a NUL byte in the source
+            continue
+    return None
+
+
+def _id_argument(call: ast.Call) -> str | None:
+    """The exercise id a call names: its first argument or ``exercise_id=``, a constant string or an
+    f-string without fields (``f"15.1"``); None when it is computed."""
+    node = (
+        call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "exercise_id"), None)
+    )
+    if isinstance(node, ast.JoinedStr) and all(isinstance(v, ast.Constant) for v in node.values):
+        return "".join(str(v.value) for v in node.values)  # type: ignore[attr-defined]
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    return None
+
+
+def _reveal_names(tree: ast.Module, names: set[str]) -> None:
+    """Add to ``names`` every name the cell binds to ``reveal``: ``r = reveal``, ``import ... reveal as r``."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            names |= {a.asname or a.name for a in node.names if a.name == "reveal"}
+        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Name) and node.value.id in names:
+            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+
+
+def _calls_to(tree: ast.Module, names: set[str], attribute: str) -> list[tuple[ast.Call, str | None]]:
+    """Each call of one of ``names`` (or of an attribute ``attribute``, ``core.reveal(...)``), with the id it
+    names, in source order: calls, never a word in a comment or a string."""
+    found = [
+        (node, _id_argument(node))
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and (
+            (isinstance(node.func, ast.Name) and node.func.id in names)
+            or (isinstance(node.func, ast.Attribute) and node.func.attr == attribute)
+        )
+    ]
+    return sorted(found, key=lambda pair: (pair[0].lineno, pair[0].col_offset))
 
 
 def _revealed_before(prepared: Prepared, exercise_id: str) -> bool:
-    """Whether a cell at or above the prediction's own cell reveals its answer (a guess made after seeing it)."""
+    """Whether a code cell above the prediction's own cell, or its own cell before its ``predict`` call,
+    calls ``reveal`` for it (a guess made after seeing the answer).
+
+    The calls are found in each cell's syntax tree: ``reveal``, any name bound to it above, or an
+    attribute ``.reveal``, with the id as a constant or an f-string without fields, by position or
+    as ``exercise_id=``. A comment or a string that names a reveal is not one.
+    """
     mine = prepared.cells[exercise_id]
-    return any(
-        cell.get("cell_type") == "code" and exercise_id in _REVEAL.findall(str(cell.get("source", "")))
-        for cell in prepared.nb.cells[: mine + 1]
-    )
+    names = {"reveal"}
+    for index, cell in enumerate(prepared.nb.cells[: mine + 1]):
+        if cell.get("cell_type") != "code" or (tree := _parsed(_source(cell))) is None:
+            continue
+        _reveal_names(tree, names)
+        reveals = [c for c, ex in _calls_to(tree, names, "reveal") if ex == exercise_id]
+        if index < mine and reveals:
+            return True
+        if index == mine and reveals:
+            predicts = [c for c, ex in _calls_to(tree, {"predict"}, "predict") if ex == exercise_id]
+            first = (predicts[0].lineno, predicts[0].col_offset) if predicts else None
+            return first is None or (reveals[0].lineno, reveals[0].col_offset) < first
+    return False
 
 
 def _grade_one(
@@ -403,8 +467,9 @@ def _grade_one(
     rng: random.Random,
 ) -> Row:
     if ex.id not in prepared.cells:
+        call = "predict" if ex.kind == "prediction" else "check"
         return _row(
-            student, ex, MISSING, f'no exercise cell for {ex.id} (the cell with check("{ex.id}", ...))'
+            student, ex, MISSING, f'no exercise cell for {ex.id} (the cell with {call}("{ex.id}", ...))'
         )
     if ex.answer_type == "function":
         return _grade_function(student, ex, prepared, limits, rng)

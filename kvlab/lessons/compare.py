@@ -31,29 +31,84 @@ MAX_LABEL = 60  # characters of a source label (a column head)
 MAX_NAME = 120  # characters of a figure's name (a row head)
 MAX_TEXT = 400  # characters of a title, a text figure or a reason
 WRAP = 108  # a reason wraps at this width, to stay readable under the table
+MAX_VALUES = 100_000  # values one table reads in all (a printed table never needs more; shared nesting counts each time)
+MAX_DIGITS = 60  # digits of one integer figure: a longer one is no figure a table can show
 
 
-def _figure(name: str, value: object, depth: int = 0) -> Any:
+_TOO_LONG = 10**MAX_DIGITS
+
+
+class _Budget:
+    """How many more values one table may read: lists that share their items count every time they are read."""
+
+    def __init__(self) -> None:
+        self.left = MAX_VALUES
+
+    def take(self, name: str, n: int = 1, *, keep: bool = True) -> None:
+        """Take ``n`` values, or with ``keep=False`` only check that ``n`` more are left."""
+        if n > self.left:
+            raise InvalidArgumentError(
+                f"{name}: the table reads more than {MAX_VALUES:,} values in all (nested lists count each "
+                "time they appear); compare a summary (a length, a total, the first items) instead"
+            )
+        if keep:
+            self.left -= n
+
+
+def _text(name: str, value: object) -> str:
+    """``check_text``, and text that can be printed: a lone surrogate (``"\\ud800"``) is refused here,
+    before anything is printed, rather than half-way through the table."""
+    text = check_text(name, value)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgumentError(
+            f"{name} holds a character that cannot be printed (a lone surrogate), got {brief(text)}: "
+            "pass text made of whole characters"
+        ) from None
+    return text
+
+
+def _integer(name: str, value: int) -> int:
+    """A plain int of at most ``MAX_DIGITS`` digits (so it prints, with separators, in one cell)."""
+    value = int.__int__(value)  # a subclass by its value: never its own __eq__
+    if not -_TOO_LONG < value < _TOO_LONG:
+        raise InvalidArgumentError(
+            f"{name} must be an integer of at most {MAX_DIGITS} digits, got {brief(value)}: "
+            "pass such a figure as text (its first digits and its length)"
+        )
+    return value
+
+
+def _figure(name: str, value: object, budget: _Budget, depth: int = 0) -> Any:
     """A figure as a plain Python value (bool, int, float, str, or a list or dict of them), or a refusal.
 
     Tuples become lists and numpy values Python ones, so equal figures compare equal; a model's
     tuple-like views (a block table) are read as lists. Anything else is refused, so no object's
-    own ``__eq__`` decides whether kvlab agrees with a source.
+    own ``__eq__`` decides whether kvlab agrees with a source. Every value read is taken from
+    ``budget``, so no shape of nesting can make the walk (or the print) unbounded.
     """
+    budget.take(name)
     if depth > LIMITS.json_depth:
         raise InvalidArgumentError(f"{name} is nested more than {LIMITS.json_depth} deep")
+    kind = type(value)
+    if kind is int:  # the common figures first: exact types run no code of their own
+        return _integer(name, value)
+    if kind is list or kind is tuple:
+        return [_figure(name, v, budget, depth + 1) for v in value]  # type: ignore[attr-defined]
     if isinstance(value, (np.generic, np.ndarray)):
         if value.dtype.kind not in "biuf":
             raise InvalidArgumentError(f"{name} must hold numbers, got a numpy {value.dtype} value")
+        budget.take(name, value.size, keep=False)  # before tolist: its values are counted as they are read
         value = value.tolist()
     if isinstance(value, bool):  # bool has no subclasses; numpy bools were made plain above
         return value
     if isinstance(value, int):
-        return int.__int__(value)  # a subclass by its value: never its own __eq__
+        return _integer(name, value)
     if isinstance(value, float):
         return float.__float__(value)
     if isinstance(value, str):
-        text = check_text(name, value)
+        text = _text(name, value)
         if len(text) > MAX_TEXT:
             raise InvalidArgumentError(f"{name} must be at most {MAX_TEXT} characters, got {len(text)}")
         return text
@@ -61,11 +116,11 @@ def _figure(name: str, value: object, depth: int = 0) -> Any:
         pairs = list(dict.items(value))
         if len(pairs) > LIMITS.count:
             raise InvalidArgumentError(f"{name} holds more than {LIMITS.count:,} items (LIMITS.count)")
-        return {_key(name, k): _figure(name, v, depth + 1) for k, v in pairs}
+        return {_key(name, k): _figure(name, v, budget, depth + 1) for k, v in pairs}
     if isinstance(value, (list, tuple)) or (
         isinstance(value, Sequence) and not isinstance(value, (bytes, bytearray, int, float))
     ):
-        return [_figure(name, v, depth + 1) for v in check_items(name, value, "count")]
+        return [_figure(name, v, budget, depth + 1) for v in check_items(name, value, "count")]
     raise InvalidArgumentError(
         f"{name} must be a number, a string, or a list or dict of them, got {brief(value)} ({type(value).__name__})"
     )
@@ -74,7 +129,7 @@ def _figure(name: str, value: object, depth: int = 0) -> Any:
 def _key(name: str, key: object) -> int | str:
     """A dict figure's key: a plain int or a short string (a block id, a request id)."""
     if isinstance(key, int) and not isinstance(key, bool):
-        return int.__int__(key)
+        return _integer(f"a key of {name}", key)
     if isinstance(key, str):
         return _label(f"a key of {name}", key)
     raise InvalidArgumentError(f"the keys of {name} must be ints or strings, got {brief(key)}")
@@ -96,7 +151,7 @@ def _show(value: Any, *, nested: bool = False) -> str:
 
 def _label(name: str, value: object, *, limit: int = MAX_LABEL) -> str:
     """A non-empty one-line label of at most ``limit`` characters (a column head, a figure's name)."""
-    text = check_text(name, value, allow_empty=False)
+    text = _text(name, check_text(name, value, allow_empty=False))
     if len(text) > limit or "\n" in text:
         raise InvalidArgumentError(
             f"{name} must be one line of at most {limit} characters, got {brief(text)}"
@@ -109,7 +164,10 @@ def _sources(sources: object, against: object) -> tuple[str, ...]:
     if against is not None:
         if sources is not LESSON_ONLY:
             raise InvalidArgumentError("give either sources=(...) or the older against=..., not both")
-        return (_label("against", against, limit=40),)
+        label = _label("against", against, limit=40)
+        if label == "kvlab":
+            raise InvalidArgumentError("against must name a source other than 'kvlab' (kvlab's own column)")
+        return (label,)
     items = check_items("sources", sources, what="a tuple of source labels")
     if not 1 <= len(items) <= MAX_SOURCES:
         raise InvalidArgumentError(f"sources must name 1 to {MAX_SOURCES} sources, got {len(items)}")
@@ -122,39 +180,47 @@ def _sources(sources: object, against: object) -> tuple[str, ...]:
 def _rows(rows: object, sources: tuple[str, ...]) -> list[tuple[str, Any, list[Any]]]:
     """Each row as (what, kvlab's figure, one figure or None per source); at least one source gives it."""
     width = 2 + len(sources)
-    shape = (
-        f"rows must be a non-empty list of (what, kvlab value, {', '.join(f'{s} value' for s in sources)})"
-        f" rows of {width} items"
-    )
+    row_shape = f"(what, kvlab value, {', '.join(f'{s} value' for s in sources)}) of {width} items"
+    shape = f"a non-empty list of rows {row_shape}"
     items = check_items("rows", rows, what=shape) if rows is not None else []
     if not items:
-        raise InvalidArgumentError(shape)
+        raise InvalidArgumentError(f"rows must be {shape}, got {brief(rows)}")
+    budget = _Budget()
     table = []
     for row in items:
-        cells = check_items("a row", row, what=shape) if isinstance(row, (list, tuple)) else None
+        cells = (
+            check_items("each of the rows", row, what=f"a tuple {row_shape}")
+            if isinstance(row, (list, tuple))
+            else None
+        )
         if cells is None or len(cells) != width:
-            raise InvalidArgumentError(f"{shape}, got {brief(row)}")
+            raise InvalidArgumentError(f"each of the rows must be a tuple {row_shape}, got {brief(row)}")
         what = _label("a row's figure name", cells[0], limit=MAX_NAME)
         theirs = [
-            None if v is None else _figure(f"{what!r} ({s})", v)
+            None if v is None else _figure(f"{what!r} ({s})", v, budget)
             for s, v in zip(sources, cells[2:], strict=True)
         ]
         if all(v is None for v in theirs):
             raise InvalidArgumentError(
                 f"row {what!r}: no source gives this figure, so there is nothing to compare"
             )
-        table.append((what, _figure(f"{what!r} (kvlab)", cells[1]), theirs))
+        table.append((what, _figure(f"{what!r} (kvlab)", cells[1], budget), theirs))
     return table
 
 
 def _not_reproduced(not_reproduced: object) -> list[tuple[str, str]]:
     """(figure, reason) pairs: lesson figures kvlab does not reproduce, and why."""
-    shape = "not_reproduced must be a list of (figure, reason) pairs"
     out = []
-    for pair in check_items("not_reproduced", not_reproduced, what=shape):
-        cells = check_items("a pair", pair, what=shape) if isinstance(pair, (list, tuple)) else None
+    for pair in check_items("not_reproduced", not_reproduced, what="a list of (figure, reason) pairs"):
+        cells = (
+            check_items("a pair of not_reproduced", pair, what="a (figure, reason) pair")
+            if isinstance(pair, (list, tuple))
+            else None
+        )
         if cells is None or len(cells) != 2:
-            raise InvalidArgumentError(f"{shape}, got {brief(pair)}")
+            raise InvalidArgumentError(
+                f"not_reproduced must be a list of (figure, reason) pairs; one item is {brief(pair)}"
+            )
         out.append(
             (
                 _label("a figure not reproduced", cells[0], limit=MAX_TEXT),

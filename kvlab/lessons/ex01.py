@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvlab.core.snapshots import ContiguousState, History
-from kvlab.errors import InvalidArgumentError, check_int, check_size
+from kvlab.errors import InvalidArgumentError, brief, check_int, check_items, check_size
 from kvlab.models.contiguous import ContiguousPool
 
 LESSON_PART_ONE = {
@@ -97,13 +97,17 @@ def exact_fit(
 ) -> ExactFitResult:
     """Reserve exactly ``sizes`` (requests q0, q1, ...), release the ``finished`` indices, then try ``new_request``."""
     sizes = _check_lengths("sizes", sizes)
-    finished = list(finished)
-    for i in finished:
+    finished = [
         check_int("finished index", i, minimum=0)
+        for i in check_items("finished", finished, what="a list of request indices")
+    ]
+    for i in finished:
         if i >= len(sizes):
-            raise InvalidArgumentError(f"finished index {i} is out of range: there are {len(sizes)} requests")
+            raise InvalidArgumentError(
+                f"finished index {brief(i)} is out of range: there are {len(sizes)} requests (0..{len(sizes) - 1})"
+            )
     if len(set(finished)) != len(finished):
-        raise InvalidArgumentError(f"finished lists a request twice: {finished}")
+        raise InvalidArgumentError(f"finished lists a request twice: {brief(finished)}")
     check_int("new_request", new_request, minimum=1)
     pool = ContiguousPool(pool_size, record=True)
     for i, size in enumerate(sizes):

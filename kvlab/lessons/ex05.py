@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from kvlab.core.snapshots import BlockPoolState, History
 from kvlab.errors import (
+    LIMITS,
     MAX_TOKEN_ID,
     InvalidArgumentError,
     cdiv,
@@ -68,11 +69,18 @@ def system_prompt_request(system_len: int, question_len: int, question_start: in
 
 def shared_prefix(prompts: Sequence[Sequence[int]], *, block_size: int = 16) -> Example5:
     """Admit ``prompts`` in order into a pool that shares full-prefix blocks; nothing is freed."""
-    if isinstance(prompts, (str, bytes)) or not hasattr(prompts, "__iter__"):
-        raise InvalidArgumentError(f"prompts must be a list of token-id lists, got {type(prompts).__name__}")
-    prompts = [check_tokens(f"prompts[{i}]", p) for i, p in enumerate(prompts)]
-    if not prompts:
+    items = check_items("prompts", prompts, what="a list of token-id lists")
+    if not items:
         raise InvalidArgumentError("prompts is empty: give at least one prompt")
+    prompts, total = [], 0
+    for i, prompt in enumerate(items):
+        prompts.append(check_tokens(f"prompts[{i}]", prompt))
+        total += len(prompts[-1])
+        if total > LIMITS.total_tokens:
+            raise InvalidArgumentError(
+                f"prompts hold more than {LIMITS.total_tokens:,} tokens in all (kvlab's limit "
+                "LIMITS.total_tokens); for a deliberately larger run use kvlab.errors.raised_limits(total_tokens=...)"
+            )
     block_size = check_size("block_size", block_size, "block_size", minimum=1)
     without_sharing = sum(cdiv(len(p), block_size) for p in prompts)
     pool = BlockPool(without_sharing, block_size, share_prefixes=True, record=True)

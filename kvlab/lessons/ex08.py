@@ -14,10 +14,11 @@ operation, and only their order is compared.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from kvlab.core.snapshots import History, RadixState
-from kvlab.errors import InvalidArgumentError, check_text
+from kvlab.errors import LIMITS, InvalidArgumentError, brief, check_text
 from kvlab.models.radix import RadixTree
 from kvlab.views.text.radix import format_tree
 
@@ -117,8 +118,12 @@ def printed_nodes(printed_tree: str) -> list[PrintedNode]:
         head, sep, time = body.rpartition(" t=")
         locked = head.endswith(" locked")
         run = head.removesuffix(" locked")
-        if indent % 2 or not sep or not time.isdigit() or not (run.startswith("[") and run.endswith("]")):
-            raise InvalidArgumentError(f"not a line of a printed radix tree: {line!r}")
+        digits = re.fullmatch(rf"[0-9]{{1,{LIMITS.int_digits}}}", time, re.ASCII)
+        if indent % 2 or not sep or digits is None or not (run.startswith("[") and run.endswith("]")):
+            raise InvalidArgumentError(
+                f"not a line of a printed radix tree: {brief(line)}; each line is two spaces per level, then "
+                f"'[tokens] t=N' (or '[tokens] locked t=N') with N in digits 0-9, at most {LIMITS.int_digits} of them"
+            )
         nodes.append(PrintedNode(indent // 2 + 1, run, locked, int(time)))
     return nodes
 

@@ -11,6 +11,8 @@ refused restores, and the same sequence over HTTP.
 
 from __future__ import annotations
 
+from typing import Any
+
 from kvlab.core.snapshots import History
 from kvlab.errors import LIMITS, check_int, check_size
 from kvlab.server.slot_files import CELL_META_BYTES, LLAMA_8B, TINY_MODEL, TOKEN_ID_BYTES, offload_estimate
@@ -156,7 +158,7 @@ def save_restore_history(
         first.complete(prefix, max_tokens=0)
         assert first.history is not None
         for step in first.history.steps[-2:]:  # the request placed, then finished
-            add(f"server 1: {caption(step)}", step.state, None, None)
+            add(f"server 1: {_plain_caption(step, caption)}", step.state, None, None)
         saved = save_slot(first, 0, FILE, directory=d)
         file = first.slot_tokens(0)
         add(f"POST /slots/0?action=save: {saved.n_tokens:,} tokens, {saved.n_bytes:,} bytes to {FILE}",
@@ -168,31 +170,70 @@ def save_restore_history(
         second.complete(prefix + new, max_tokens=1)
         assert second.history is not None
         for step in second.history.steps[-3:]:  # restored, then the request placed and finished
-            add(f"server 2: {caption(step)}", None, file, step.state)
+            add(f"server 2: {_plain_caption(step, caption)}", None, file, step.state)
     return history
 
 
-def refusal_lines(directory: str, filename: str = FILE) -> list[str]:
-    """Part four: restores that kvlab refuses, one line each, and what the target slot still holds."""
-    from pathlib import Path
+def _plain_caption(step: Any, caption: Any) -> str:
+    """A slot event's caption in words, without the server's request id (``req-0``)."""
+    event = step.event
+    kind = getattr(event, "kind", None)
+    if kind == "slots.place":
+        return f"the request reaches slot {event['slot_id']}: cache_n {event['cache_n']}, prompt_n {event['prompt_n']}"
+    if kind == "slots.finish":
+        return (
+            f"the request is finished (it sampled {event['n_generated']} token"
+            f"{'' if event['n_generated'] == 1 else 's'}); "
+            f"the slot keeps {event['n_tokens']:,} tokens"
+        )
+    return str(caption(step))
 
-    from kvlab.errors import KvlabError
-    from kvlab.server.slot_files import ModelShape, restore_slot
+
+DAMAGED_COPIES = ("flipped.bin", "truncated.bin")
+"""The two damaged copies ``refusal_lines`` writes beside the slot file: one byte changed, its end cut off."""
+FLIPPED_BYTE = 1000  # the byte changed in flipped.bin: past the header, inside the KV data
+TRUNCATED_BYTES = 100  # bytes cut off the end for truncated.bin
+
+
+def refusal_lines(directory: str, filename: str = FILE) -> list[str]:
+    """Part four: restores that kvlab refuses, one line each, and what the target slot still holds.
+
+    ``filename`` is a slot file ``save_slot`` wrote into ``directory`` (for the tiny model); two
+    damaged copies of it are written beside it, ``flipped.bin`` and ``truncated.bin``, only once the
+    name, the directory and the file itself have been checked, so a refused call writes nothing.
+    """
+    from kvlab.errors import InvalidArgumentError, KvlabError
+    from kvlab.server.save_dir import check_directory, check_filename, read_file, write_file
+    from kvlab.server.slot_files import ModelShape, decode_slot, max_file_bytes, restore_slot
     from kvlab.server.slots import SlotServer
 
-    blob = Path(directory, filename).read_bytes()
+    filename = check_filename(filename)
+    directory = str(check_directory(directory))
+    if filename in DAMAGED_COPIES:
+        raise InvalidArgumentError(
+            f"filename {filename!r} is the name of one of the damaged copies refusal_lines writes "
+            f"({', '.join(DAMAGED_COPIES)}): save the slot under another name"
+        )
+    blob = read_file(directory, filename, max_file_bytes(TINY_MODEL))  # bounded; never follows a link
+    if len(blob) <= FLIPPED_BYTE + TRUNCATED_BYTES:
+        raise InvalidArgumentError(
+            f"{filename!r} is {len(blob):,} bytes: refusal_lines changes byte {FLIPPED_BYTE:,} of it and cuts "
+            f"{TRUNCATED_BYTES} off its end, so it needs more than {FLIPPED_BYTE + TRUNCATED_BYTES:,}; pass the "
+            "file save_slot wrote for a prefix of a few hundred tokens"
+        )
+    decode_slot(blob, TINY_MODEL)  # a slot file of the tiny model, before any copy is written
     flipped = bytearray(blob)
-    flipped[1000] ^= 0xFF  # one byte of KV data changed
-    Path(directory, "flipped.bin").write_bytes(bytes(flipped))
-    Path(directory, "truncated.bin").write_bytes(blob[:-100])
+    flipped[FLIPPED_BYTE] ^= 0xFF  # one byte of KV data changed
+    write_file(directory, DAMAGED_COPIES[0], bytes(flipped))
+    write_file(directory, DAMAGED_COPIES[1], blob[:-TRUNCATED_BYTES])
     target = SlotServer(1, cache_ram_mib=0)
     target.complete(list(range(100, 400)), max_tokens=4)  # the slot holds another conversation
     attempts: dict[str, dict] = {
         "a name with a path in it": {"filename": "../" + filename},
         "another cache type (F32)": {"filename": filename, "shape": ModelShape(4, 2, 32, "f32")},
         "another model (the 8B shape)": {"filename": filename, "shape": LLAMA_8B},
-        "one byte changed": {"filename": "flipped.bin"},
-        "a truncated file": {"filename": "truncated.bin"},
+        "one byte changed": {"filename": DAMAGED_COPIES[0]},
+        "a truncated file": {"filename": DAMAGED_COPIES[1]},
     }
     lines = []
     for what, kwargs in attempts.items():

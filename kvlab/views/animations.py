@@ -14,7 +14,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from kvlab.errors import InvalidArgumentError
+from kvlab.errors import LIMITS, InvalidArgumentError
 from kvlab.views import registry
 from kvlab.views._common import Spec, check_ms, check_title, legend_height, steps_of, title_lines
 
@@ -25,6 +25,19 @@ DEFAULT_FRAME_MS = 900
 _BUTTONS_PX = 38
 _SLIDER_PX = 78
 _CONTROLS_PX = _BUTTONS_PX + _SLIDER_PX
+
+
+def check_frames(count: int) -> int:
+    """``count`` frames are at most ``LIMITS.frames``: each is a whole figure, built in Python and kept in the
+    figure's JSON, so a history of a million steps would take hours and gigabytes. Called before any
+    frame is built."""
+    if count > LIMITS.frames:
+        raise InvalidArgumentError(
+            f"the history has {count:,} steps, more than the {LIMITS.frames:,} frames an animation draws "
+            "(kvlab's limit LIMITS.frames): animate fewer steps (a slice of the history, or every n-th), or "
+            "for a deliberately longer animation use kvlab.errors.raised_limits(frames=...)"
+        )
+    return count
 
 
 def step_caption(index: int, count: int, caption: str) -> str:
@@ -38,6 +51,7 @@ def view_specs(
     """One spec per snapshot of ``history`` for ``view`` (a name in ``kvlab.views.registry``), and the captions."""
     record = registry.get(view)
     steps = steps_of(history, record.state_type)
+    check_frames(len(steps))
     states = [s for _, s in steps]
     hints = record.hints(states)
     count = len(steps)
@@ -57,6 +71,7 @@ def animate(specs: list[Spec], captions: list[str], *, frame_ms: int = DEFAULT_F
     """A figure showing ``specs[0]`` with one frame per spec, a slider and play/pause buttons."""
     if not specs:
         raise InvalidArgumentError("nothing to animate: the history has no snapshots")
+    check_frames(len(specs))
     frame_ms = check_ms("frame_ms", frame_ms)
     first = specs[0]
     layout = dict(first["layout"])

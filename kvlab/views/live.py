@@ -29,7 +29,7 @@ import plotly.graph_objects as go
 from plotly.basedatatypes import Undefined
 from plotly.io.json import to_json_plotly
 
-from kvlab.errors import InvalidArgumentError, brief, check_choice, check_int, check_items
+from kvlab.errors import LIMITS, InvalidArgumentError, brief, check_choice, check_int, check_items
 from kvlab.views import registry
 from kvlab.views._common import Spec, check_ms, steps_of, title_lines
 from kvlab.views.animations import animate, step_caption
@@ -136,6 +136,7 @@ class LiveFigure:
 
 #: The still copy of one widget stays under this many bytes of figure JSON; a longer history shows its last step.
 STILL_BYTES = 400_000
+MAX_STILL_BYTES = 64 << 20  # the largest budget a caller may give one still copy (64 MiB of JSON in a page)
 KERNEL_NOTE = (
     "A still copy of an interactive widget: its controls need a running kernel. "
     "Open the notebook in JupyterLab (or on Binder) and run the cell to use it."
@@ -312,12 +313,12 @@ class Stepper(StillCopy, widgets.VBox):
     def still_figures(self, budget: int = STILL_BYTES) -> tuple[list[go.Figure], str]:
         """What a page without a kernel shows: one plotly animation per view over every step, or, when
         that would pass ``budget`` bytes of JSON, each view at the last step; and a line saying which."""
-        budget = check_int("budget", budget, minimum=1)
+        budget = check_int("budget", budget, minimum=1, maximum=MAX_STILL_BYTES)
         count = len(self.states)
         last = [self.spec(v, count - 1) for v in range(len(self._views))]
         if count == 1:
             return [go.Figure(spec) for spec in last], "The history has a single step."
-        if count * len(to_json_plotly(last)) > budget:
+        if not self._frames_fit(count, budget):
             return [go.Figure(spec) for spec in last], (
                 f"This copy shows the last of its {count} steps; run the notebook to step through all of them."
             )
@@ -325,6 +326,22 @@ class Stepper(StillCopy, widgets.VBox):
             animate([self.spec(v, i) for i in range(count)], self.captions) for v in range(len(last))
         ]
         return animations, "Here each figure steps on its own: press play or drag its slider."
+
+    def _frames_fit(self, count: int, budget: int) -> bool:
+        """Whether every view's frames over all ``count`` steps stay within ``budget`` bytes of JSON.
+
+        Each frame is measured (a view may draw more at some steps than at the last), and the count
+        stops as soon as it passes ``budget``: at most ``budget`` bytes and one frame are ever built.
+        """
+        if count > LIMITS.frames:
+            return False
+        used = 0
+        for i in range(count):
+            for v in range(len(self._views)):
+                used += len(to_json_plotly(self.spec(v, i)))
+                if used > budget:
+                    return False
+        return True
 
     def still_html(self) -> str:
         """The stepper as a page without a kernel shows it (the ``text/html`` of its display bundle)."""

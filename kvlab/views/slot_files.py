@@ -18,17 +18,18 @@ history with the same axes for every step.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import plotly.graph_objects as go
 
-from kvlab.core.snapshots import History, SlotServerState
-from kvlab.errors import InvalidArgumentError, check_int
+from kvlab.core.snapshots import History, RequestRecord, SlotServerState, SlotState
+from kvlab.errors import InvalidArgumentError, brief, check_int, check_optional_str, check_size
 from kvlab.views import theme
 from kvlab.views._common import Spec, base_layout, check_title, legend_entry, steps_of, title_text
-from kvlab.views.animations import DEFAULT_FRAME_MS, animate, step_caption
+from kvlab.views.animations import DEFAULT_FRAME_MS, animate, check_frames, step_caption
 from kvlab.views.live import Stepper
 
 ROWS = (
@@ -63,13 +64,69 @@ class SaveRestoreState:
     second: SlotServerState | None
 
 
+_FROM_HISTORY = "take a history from kvlab.lessons.ex11.save_restore_history()"
+
+
+def _token_count(name: str, tokens: object) -> tuple[int, ...]:
+    """A tuple of tokens the view only counts: a plain tuple or list of at most ``LIMITS.tokens``."""
+    if type(tokens) not in (tuple, list):
+        raise InvalidArgumentError(
+            f"{name} must be a tuple of token ids, got {brief(tokens)}; {_FROM_HISTORY}"
+        )
+    check_size(f"the length of {name}", len(tokens), "tokens")
+    return tuple(tokens)
+
+
+def _check_request(name: str, last: object) -> RequestRecord | None:
+    """The latest request's counters the view draws, as plain ints in range (``cache_n + prompt_n`` tokens)."""
+    if last is None:
+        return None
+    if not isinstance(last, RequestRecord):
+        raise InvalidArgumentError(
+            f"{name} must be a RequestRecord or None, got {brief(last)}; {_FROM_HISTORY}"
+        )
+    prompt = check_size(f"{name}.prompt_tokens", last.prompt_tokens, "tokens")
+    return dataclasses.replace(
+        last,
+        prompt_tokens=prompt,
+        cache_n=check_int(f"{name}.cache_n", last.cache_n, minimum=0, maximum=prompt),
+        prompt_n=check_int(f"{name}.prompt_n", last.prompt_n, minimum=0, maximum=prompt),
+        error=check_optional_str(f"{name}.error", last.error),
+    )
+
+
+def _check_server(name: str, server: object) -> SlotServerState | None:
+    """A server's snapshot as the view reads it: slot 0's tokens and the latest request, checked."""
+    if server is None:
+        return None
+    if not isinstance(server, SlotServerState):
+        raise InvalidArgumentError(
+            f"{name} must be a SlotServerState (SlotServer.snapshot()) or None, got {brief(server)}; {_FROM_HISTORY}"
+        )
+    slots = server.slots
+    if type(slots) not in (tuple, list) or not slots or not isinstance(slots[0], SlotState):
+        raise InvalidArgumentError(
+            f"{name}.slots must be a tuple of SlotState, got {brief(slots)}; {_FROM_HISTORY}"
+        )
+    slot = dataclasses.replace(slots[0], tokens=_token_count(f"{name}.slots[0].tokens", slots[0].tokens))
+    return dataclasses.replace(
+        server, slots=(slot, *slots[1:]), last=_check_request(f"{name}.last", server.last)
+    )
+
+
 def _check_state(name: str, state: object) -> SaveRestoreState:
+    """``state`` with every field the view draws checked (a hand-built one too), as a copy of plain values."""
     if not isinstance(state, SaveRestoreState):
         raise InvalidArgumentError(
-            f"{name} must be a SaveRestoreState, got {type(state).__name__}; "
-            "take a history from kvlab.lessons.ex11.save_restore_history()"
+            f"{name} must be a SaveRestoreState, got {type(state).__name__}; {_FROM_HISTORY}"
         )
-    return state
+    file_tokens = state.file_tokens
+    return SaveRestoreState(
+        check_size(f"{name}.prefix_tokens", state.prefix_tokens, "tokens"),
+        _check_server(f"{name}.first", state.first),
+        None if file_tokens is None else _token_count(f"{name}.file_tokens", file_tokens),
+        _check_server(f"{name}.second", state.second),
+    )
 
 
 def _extent(state: SaveRestoreState) -> int:
@@ -137,7 +194,7 @@ def slot_file_spec(
     if previous is not None:
         _check_state("previous", previous)
     title, caption = check_title(title), check_title(caption)
-    x_max = _extent(state) if x_max is None else check_int("x_max", x_max, minimum=1)
+    x_max = _extent(state) if x_max is None else check_size("x_max", x_max, "tokens", minimum=1)
     bars = _rows(state)
     data = []
     for kind, style in PART_STYLES.items():
@@ -173,8 +230,12 @@ def slot_file_figure(state: SaveRestoreState, *, title: str | None = None) -> go
     return go.Figure(slot_file_spec(state, title=title))
 
 
-def _states(history: object) -> list[tuple[str, SaveRestoreState]]:
-    return [(c, _check_state(f"step {i}", s)) for i, (c, s) in enumerate(steps_of(history, SaveRestoreState))]
+def _states(history: object, *, frames: bool = False) -> list[tuple[str, SaveRestoreState]]:
+    """Every step's caption and checked state; with ``frames``, at most ``LIMITS.frames`` of them."""
+    steps = steps_of(history, SaveRestoreState)
+    if frames:
+        check_frames(len(steps))
+    return [(c, _check_state(f"step {i}", s)) for i, (c, s) in enumerate(steps)]
 
 
 def slot_file_animation(
@@ -182,7 +243,7 @@ def slot_file_animation(
 ) -> go.Figure:
     """The sequence step by step, with play and a slider (plain plotly: it plays in exported HTML too)."""
     title = check_title(title)
-    steps = _states(history)
+    steps = _states(history, frames=True)
     x_max = max(_extent(s) for _, s in steps)
     specs = []
     for i, (caption, state) in enumerate(steps):

@@ -9,12 +9,15 @@ story of a sliding-window slot:
   overwritten in place.
 * **bottom, token positions**: what the full-attention layers hold (every
   position so far), which positions the SWA cells still cover, the batch the
-  step decoded, and one row per context checkpoint with its [pos_min, pos_max]
-  span (taken in this step: hatched; restored in this step: green).
+  step decoded, and one row per context checkpoint: a faint bar for its label
+  [pos_min, pos_max] and a solid one for the last ``n_swa`` positions its data
+  keeps, as in the decision figure (taken in this step: hatched; restored in
+  this step: green).
 
-``reuse=(n_past, threshold)`` draws a reuse point and the first position the
-local layers need to continue there, so a figure can show *why* a checkpoint
-or the ring can or cannot serve it. ``swa_animation`` (plain plotly, plays in
+``reuse=(n_past, threshold)`` draws a reuse point and the server's threshold,
+with the positions the local layers read to continue there (threshold + 1 to
+n_past - 1) shaded, so a figure can show *why* a checkpoint or the ring can or
+cannot serve it. ``swa_animation`` (plain plotly, plays in
 exported HTML) and ``swa_stepper`` (a live widget) step through a slot's
 ``history`` with the same axes for every step.
 
@@ -25,7 +28,7 @@ positions its data keeps), the positions the continuation reads shaded, the
 server's threshold dashed, and each row's verdict in words. The verdicts are read from the model's ``swa.reuse`` event
 (which checkpoint it restored, whether it started over); the figure only says why.
 
-Kept as one module (about 770 lines): the slot figure, its animation, its stepper and the
+Kept as one module (about 800 lines): the slot figure, its animation, its stepper and the
 decision picture draw the same snapshot type with the same rows and colours.
 """
 
@@ -68,6 +71,8 @@ PART_STYLES: dict[str, dict[str, Any]] = {
     "restored": {"color": theme.GREEN, "label": "checkpoint restored in this step"},
 }
 _EMPTY_CELL = theme.LIGHT_GREY
+_FAINT = 0.3  # a checkpoint's label range; its kept data is drawn solid over it
+_WHITE_TEXT = ("ring", "restored", "batch", "full")
 _STRIP_PX = 90
 _ROW_PX = 34
 
@@ -192,8 +197,9 @@ def _axes(
     return max(x_max, need), checkpoint_rows, marks
 
 
-def _checkpoint_bars(state: SwaState, bar: Any) -> None:
-    """One bar per checkpoint, coloured by whether this step took it, restored it, or kept it."""
+def _checkpoint_bars(state: SwaState, bar: Any, n_swa: int) -> None:
+    """Two bars per checkpoint, coloured by whether this step took it, restored it, or kept it: a faint
+    one for its label range and a solid one for the data it keeps (the decision figure's convention)."""
     restored_at = next((i for i, c in enumerate(state.checkpoints) if c == state.restored), None)
     created_at = len(state.checkpoints) - 1 if state.created is not None and state.checkpoints else None
     for i, cp in enumerate(state.checkpoints):
@@ -203,28 +209,44 @@ def _checkpoint_bars(state: SwaState, bar: Any) -> None:
             "restored": "restored in this step",
             "checkpoint": "kept",
         }[kind]
+        row, kept_from = f"checkpoint {i + 1}", _checkpoint_data_from(cp, n_swa)
         bar(
             kind,
-            f"checkpoint {i + 1}",
+            row,
             cp.pos_min,
             cp.pos_max + 1,
             f"[{cp.pos_min}, {cp.pos_max}]",
-            f"checkpoint {i + 1} ({what}): SWA cells for positions {cp.pos_min}..{cp.pos_max},"
+            f"checkpoint {i + 1} ({what}): label [{cp.pos_min}, {cp.pos_max}], the SWA cells it copied,"
             f"<br>taken when {cp.n_tokens:,} prompt tokens were processed",
+            faint=True,
+        )
+        bar(
+            kind,
+            row,
+            kept_from,
+            cp.pos_max + 1,
+            "",
+            f"checkpoint {i + 1}: data kept, positions {kept_from}..{cp.pos_max} (its last {n_swa});"
+            "<br>a restore puts back only these",
         )
 
 
-def _bars(state: SwaState, held: list[int]) -> _Bars:
+def _bars(state: SwaState, held: list[int], n_swa: int) -> _Bars:
     """The positions panel's bars by kind: what the full layers hold, the ring covers, the batch, checkpoints."""
-    bars: _Bars = {k: {"x": [], "base": [], "y": [], "text": [], "hover": []} for k in PART_STYLES}
+    bars: _Bars = {
+        k: {"x": [], "base": [], "y": [], "text": [], "hover": [], "opacity": [], "ink": []}
+        for k in PART_STYLES
+    }
 
-    def bar(kind: str, row: str, start: int, end: int, text: str, hover: str) -> None:
+    def bar(kind: str, row: str, start: int, end: int, text: str, hover: str, *, faint: bool = False) -> None:
         b = bars[kind]
         b["x"].append(end - start)
         b["base"].append(start)
         b["y"].append(row)
         b["text"].append(text)
         b["hover"].append(hover)
+        b["opacity"].append(_FAINT if faint else 1.0)
+        b["ink"].append(theme.INK if faint or kind not in _WHITE_TEXT else "white")
 
     if state.n_tokens:
         bar(
@@ -254,7 +276,7 @@ def _bars(state: SwaState, held: list[int]) -> _Bars:
             f"[{b0}, {b1})",
             f"this step decoded positions {b0}..{b1 - 1} ({b1 - b0:,} tokens)",
         )
-    _checkpoint_bars(state, bar)
+    _checkpoint_bars(state, bar, n_swa)
     return bars
 
 
@@ -305,13 +327,15 @@ def _bar_traces(bars: _Bars) -> list[dict[str, Any]]:
     data = []
     for kind, b in bars.items():
         style = PART_STYLES[kind]
-        marker: dict[str, Any] = {"color": style["color"], "line": {"color": "white", "width": 1}}
+        marker: dict[str, Any] = {
+            "color": style["color"], "opacity": b["opacity"], "line": {"color": "white", "width": 1},
+        }  # fmt: skip
         if kind == "created":
             marker["pattern"] = {"shape": "/", "fgcolor": theme.INK, "fgopacity": 0.45, "size": 8}
         data.append({
             "type": "bar", "orientation": "h", "name": style["label"], "x": b["x"], "base": b["base"], "y": b["y"],
             "text": b["text"], "textposition": "auto", "insidetextanchor": "middle", "cliponaxis": False,
-            "insidetextfont": {"color": "white" if kind in ("ring", "restored", "batch", "full") else theme.INK},
+            "insidetextfont": {"color": b["ink"]},
             "outsidetextfont": {"color": theme.INK},
             "hovertext": b["hover"], "hovertemplate": "%{hovertext}<extra></extra>", "marker": marker,
             "showlegend": False, "width": 0.7, "xaxis": "x", "yaxis": "y",
@@ -344,7 +368,7 @@ def _reuse_shapes(
     n_cells: int, marks: tuple[int, int] | None
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(shapes, annotations): the SWA strip's grey ground and, with ``marks``, the reuse point and the
-    first position the local layers need from there, with the span between them shaded."""
+    server's threshold, with the positions the local layers read between them shaded."""
     shapes: list[dict[str, Any]] = [
         {"type": "rect", "xref": "x2", "yref": "y2", "x0": -0.5, "x1": n_cells - 0.5, "y0": -0.5, "y1": 0.5,
          "fillcolor": _EMPTY_CELL, "line": {"width": 0}, "layer": "below"},
@@ -353,12 +377,13 @@ def _reuse_shapes(
     if marks is None:
         return shapes, annotations
     n_past, threshold = marks
-    shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": threshold, "x1": n_past, "y0": 0,
+    window_from = min(threshold + 1, n_past)
+    shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": window_from, "x1": n_past, "y0": 0,
                    "y1": _BOTTOM_TOP, "fillcolor": theme.YELLOW, "opacity": 0.35, "line": {"width": 0},
                    "layer": "below"})  # fmt: skip
     for x, dash, text, anchor in (
-        (n_past, "solid", f"reuse point {n_past}", "left"),
-        (threshold, "dash", f"needs from {threshold}", "right"),
+        (n_past, "solid", f"continue at {n_past:,}", "left"),
+        (threshold, "dash", f"threshold {threshold:,}", "right" if threshold > 0 else "left"),
     ):
         shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": x, "x1": x, "y0": 0, "y1": _BOTTOM_TOP,
                        "line": {"color": theme.INK, "dash": dash, "width": 2}})  # fmt: skip
@@ -376,7 +401,11 @@ def _subtitle(state: SwaState, held: list[int], marks: tuple[int, int] | None) -
         + f"; the slot holds {state.n_tokens:,} tokens; {n_cp} checkpoint{'s' if n_cp != 1 else ''}"
     )
     if marks is not None:
-        sub += f"<br>to continue at {marks[0]}, the local layers need positions {marks[1]}..{marks[0] - 1} (shaded)"
+        n_past, threshold = marks
+        sub += (
+            f"<br>to continue at {n_past:,}, the local layers read positions {min(threshold + 1, n_past):,}.."
+            f"{n_past - 1:,} (shaded); the server's threshold is {threshold:,} (dashed)"
+        )
     return sub
 
 
@@ -390,24 +419,27 @@ def swa_spec(
     checkpoint_rows: int | None = None,
     reuse: tuple[int, int] | None = None,
     legend_kinds: set[str] | None = None,
+    n_swa: int = 128,
 ) -> Spec:
     """The slot after one step as plain dicts: SWA cells on top, token positions below.
 
     ``x_max`` (positions on the axis) and ``checkpoint_rows`` default to what
     this state needs; the animation and the stepper pass the largest over a
     history so every step has the same axes. ``legend_kinds`` (keys of
-    ``PART_STYLES``) are the bar kinds the legend lists; by default those drawn.
+    ``PART_STYLES``) are the bar kinds the legend lists; by default those drawn. ``n_swa`` is the
+    model's window (128 on the lesson's model): a checkpoint's data keeps its last ``n_swa`` positions.
     """
     _check_swa_state("state", state)
     if previous is not None:
         _check_swa_state("previous", previous)
     title = check_title(title)
     caption = check_title(caption)
+    n_swa = check_size("n_swa", n_swa, "tokens", minimum=1)
     x_max, checkpoint_rows, marks = _axes(state, x_max, checkpoint_rows, reuse)
     n_cells = len(state.cells)
     held = [p for p in state.cells if p != EMPTY]
     rows = [FULL, RING, BATCH] + [f"checkpoint {i + 1}" for i in range(checkpoint_rows)]
-    data, shown = _traces(state, _bars(state, held), x_max, legend_kinds)
+    data, shown = _traces(state, _bars(state, held, n_swa), x_max, legend_kinds)
     shapes, annotations = _reuse_shapes(n_cells, marks)
     ttl = title_text(caption or title or "SWA cells and context checkpoints", _subtitle(state, held, marks))
     head_lines = ttl["text"].split("</b>")[0].count("<br>") + 1
@@ -443,10 +475,10 @@ _STRIP_BOTTOM = 0.82
 
 
 def swa_figure(
-    state: SwaState, *, reuse: tuple[int, int] | None = None, title: str | None = None
+    state: SwaState, *, reuse: tuple[int, int] | None = None, title: str | None = None, n_swa: int = 128
 ) -> go.Figure:
     """Example 12: one slot's SWA cells and checkpoints; ``reuse=(n_past, threshold)`` marks a reuse point."""
-    return go.Figure(swa_spec(state, title=title, reuse=reuse))
+    return go.Figure(swa_spec(state, title=title, reuse=reuse, n_swa=n_swa))
 
 
 def swa_hints(history: object) -> dict[str, Any]:
@@ -481,24 +513,30 @@ def _kinds(state: SwaState) -> set[str]:
 
 
 def swa_animation(
-    history: History[SwaState] | list, *, title: str | None = None, frame_ms: int = DEFAULT_FRAME_MS
+    history: History[SwaState] | list,
+    *,
+    title: str | None = None,
+    frame_ms: int = DEFAULT_FRAME_MS,
+    n_swa: int = 128,
 ) -> go.Figure:
     """A slot's history step by step (prompt batches, checkpoints taken and restored), with play and a slider."""
     title = check_title(title)
+    n_swa = check_size("n_swa", n_swa, "tokens", minimum=1)
     steps = steps_of(history, SwaState)
     check_frames(len(steps))
     hints = swa_hints(history)
     specs = []
     for i, (caption, state) in enumerate(steps):
         head = step_caption(i, len(steps), caption)
-        specs.append(swa_spec(state, caption=f"{title} · {head}" if title else head, **hints))
+        specs.append(swa_spec(state, caption=f"{title} · {head}" if title else head, n_swa=n_swa, **hints))
     return animate(specs, [c for c, _ in steps], frame_ms=frame_ms)
 
 
-def swa_stepper(history: History[SwaState] | list, *, interval_ms: int = 900) -> Stepper:
+def swa_stepper(history: History[SwaState] | list, *, interval_ms: int = 900, n_swa: int = 128) -> Stepper:
     """A ``Stepper`` over a slot's history with the SWA view (needs a running kernel)."""
     steps_of(history, SwaState)
-    view = partial(_stepper_view, **swa_hints(history))
+    n_swa = check_size("n_swa", n_swa, "tokens", minimum=1)
+    view = partial(_stepper_view, n_swa=n_swa, **swa_hints(history))
     return Stepper(history, [view], interval_ms=interval_ms)
 
 
@@ -665,7 +703,7 @@ def swa_decision_figure(
                    "pattern": {"shape": [b.pattern for b in bars], "fgcolor": theme.INK, "fgopacity": 0.6}},
         "width": 0.6, "showlegend": False,
     }]  # fmt: skip
-    verdicts = [("all but the local layers<br>keep every position", _IDLE), cells_verdict, *cp_verdicts]
+    verdicts = [("the full-attention layers<br>hold all of it", _IDLE), cells_verdict, *cp_verdicts]
     annotations: list[dict[str, Any]] = [
         {"x": _VERDICT_X, "xref": "paper", "y": row, "yref": "y", "text": text, "showarrow": False,
          "xanchor": "left", "align": "left", "font": {"size": 11, "color": colour}}
