@@ -165,6 +165,11 @@ class Prediction:
     slip: Callable[[Any, Any], str | None] | None = field(default=None, compare=False)
     """For an off guess: ``slip(guess, value)`` names the likely slip behind it (None: only "reread")."""
 
+    def __post_init__(self) -> None:
+        fault = _prediction_fault(self)  # a faulty Prediction is refused where it is written
+        if fault:
+            raise InvalidArgumentError(fault)
+
 
 @dataclass(frozen=True)
 class Exercise:

@@ -104,16 +104,21 @@ def test_author_mistakes_raise_and_change_nothing(guess_exercise):
     assert "99.1" not in core._revealed  # a refused reveal reveals nothing
     for kwargs, words in [
         ({"predicts": "part two"}, "predicts must be a Prediction"),
-        ({"predicts": Prediction(reread=" ")}, "reread must be a non-empty string"),
-        ({"predicts": Prediction(reread="x", within=-1)}, "within must be a number >= 0"),
-        ({"predicts": Prediction(reread="x", within=float("nan"))}, "within must be a number >= 0"),
-        ({"predicts": Prediction(reread="x", digits=9)}, "digits must be an int from 0 to 6"),
-        ({"predicts": Prediction(reread="x"), "answer_type": "list"}, "answer_type must be one of int"),
+        ({"predicts": lambda: Prediction(reread=" ")}, "reread must be a non-empty string"),
+        ({"predicts": lambda: Prediction(reread="x", within=-1)}, "within must be a number >= 0"),
+        ({"predicts": lambda: Prediction(reread="x", within=float("nan"))}, "within must be a number >= 0"),
+        ({"predicts": lambda: Prediction(reread="x", digits=9)}, "digits must be an int from 0 to 6"),
+        (
+            {"predicts": lambda: Prediction(reread="x"), "answer_type": "list"},
+            "answer_type must be one of int",
+        ),
     ]:
         args = dict(title="t", assesses="a", minutes=1, answer_type="int", hints=["h"], points=1,
                     difficulty="core") | kwargs  # fmt: skip
         before = dict(core._REGISTRY)
         with pytest.raises(InvalidArgumentError, match=words):
+            if callable(args["predicts"]):  # a faulty Prediction is refused where it is built
+                args["predicts"] = args["predicts"]()
             ex.exercise("99.5", **args)(lambda a: None)
         assert before == core._REGISTRY
 
