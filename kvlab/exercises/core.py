@@ -88,6 +88,11 @@ def _whole_float(a: Any) -> bool:
 
 
 def _quoted(a: Any, what: str) -> _Refused:
+    if str.endswith(str.strip(a), "%"):  # "34.8%": the sign has to go as well as the quotes
+        return _Refused(
+            f"you gave str {describe(a)}, text in quotes; write {what} without the quotes and without "
+            "the % sign, e.g. 34.8."
+        )
     return _Refused(f"you gave str {describe(a)}, text in quotes; write {what} without the quotes.")
 
 

@@ -8,6 +8,7 @@ from kvlab.lessons.ex01 import reserve_max
 
 def test_start_page_check():
     assert ex.check("00.1", 4).right
+    assert "% sign" in ex.check("01.1", "34.8%").message  # the sign goes as well as the quotes
     assert "12,288 slots, but the pool has 8,192" in ex.check("00.1", 6).message
     assert "1 region of 2,048 slots takes" in ex.check("00.1", 1).message  # one region, singular
 
