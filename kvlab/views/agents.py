@@ -40,7 +40,7 @@ from kvlab.views._common import (
     text_px,
     title_text,
 )
-from kvlab.views.animations import DEFAULT_FRAME_MS, animate, step_caption
+from kvlab.views.animations import DEFAULT_FRAME_MS, animate, check_frames, step_caption
 from kvlab.views.live import Stepper
 from kvlab.views.text import caption
 
@@ -328,6 +328,7 @@ def agent_turns_animation(
     """The runs turn by turn, with play and a slider; works in exported HTML."""
     title = check_title(title)
     history = agent_turns_history(runs)
+    check_frames(len(history.steps))  # before any frame is built
     hints = agent_turns_hints(history)
     steps = steps_of(history, AgentTurnsState)
     specs = []
