@@ -116,9 +116,9 @@ def after_restore(function: Any, cases: list[tuple[list[int], list[int]]]) -> st
     difficulty="core",
     prerequisites=["11.1"],
     hints=[
-        "Reading and recomputing both grow in proportion to the number of tokens, so the answer does not depend on it.",
-        "Take offload_estimate(748, 131_072): the disk speed that reads file_bytes in gpu_recompute_ms "
-        "is file_bytes / (gpu_recompute_ms / 1000), in bytes per second; divide by 1e9 for GB/s.",
+        "Write the read time and the GPU recompute time for n tokens and set them equal: what happens to n?",
+        "offload_estimate(748, 131_072) gives the file's size and the GPU recompute time: which disk speed "
+        "reads that file in exactly that time?",
     ],
 )
 def break_even(answer: float) -> str:
@@ -127,7 +127,8 @@ def break_even(answer: float) -> str:
     cpu = est.file_bytes / est.cpu_recompute_s / 1e6
     if abs(answer - expected) <= 0.02 * expected:
         return (
-            f"About {expected:.2f} GB/s: a disk slower than that (a SATA SSD, a network volume) loses to "
+            f"About {expected:.2f} GB/s, for any prefix length: the read and the recompute both grow in proportion "
+            "to the number of tokens, so the length cancels. A disk slower than that (a SATA SSD, a network volume) loses to "
             f"recomputing on this GPU. Against the 8-core CPU the bar is about {cpu:.0f} MB/s, so any disk wins there."
         )
     if abs(answer / 1000 - expected) <= 0.02 * expected:

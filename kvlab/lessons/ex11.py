@@ -184,7 +184,7 @@ def _plain_caption(step: Any, caption: Any) -> str:
         return (
             f"the request is finished (it sampled {event['n_generated']} token"
             f"{'' if event['n_generated'] == 1 else 's'}); "
-            f"the slot keeps {event['n_tokens']:,} tokens"
+            f"slot {event['slot_id']} keeps {event['n_tokens']:,} tokens"
         )
     return str(caption(step))
 

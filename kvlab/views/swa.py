@@ -66,7 +66,10 @@ PART_STYLES: dict[str, dict[str, Any]] = {
     "full": {"color": theme.GREY, "label": "positions the full-attention layers hold"},
     "ring": {"color": theme.BLUE, "label": "positions the SWA cells still hold"},
     "batch": {"color": theme.PURPLE, "label": "batch decoded in this step"},
-    "checkpoint": {"color": theme.ORANGE, "label": "context checkpoint (copy of the SWA cells)"},
+    "checkpoint": {
+        "color": theme.ORANGE,
+        "label": "context checkpoint (copy of the SWA cells): faint, its label; solid, the data it keeps",
+    },
     "created": {"color": theme.VERMILLION, "label": "checkpoint taken in this step (hatched)"},
     "restored": {"color": theme.GREEN, "label": "checkpoint restored in this step"},
 }
@@ -210,6 +213,16 @@ def _checkpoint_bars(state: SwaState, bar: Any, n_swa: int) -> None:
             "checkpoint": "kept",
         }[kind]
         row, kept_from = f"checkpoint {i + 1}", _checkpoint_data_from(cp, n_swa)
+        # the data first: the faint label bar and its text go on top (the same colour over itself shows no change)
+        bar(
+            kind,
+            row,
+            kept_from,
+            cp.pos_max + 1,
+            "",
+            f"checkpoint {i + 1}: data kept, positions {kept_from}..{cp.pos_max} (its last {n_swa});"
+            "<br>a restore puts back only these",
+        )
         bar(
             kind,
             row,
@@ -219,15 +232,6 @@ def _checkpoint_bars(state: SwaState, bar: Any, n_swa: int) -> None:
             f"checkpoint {i + 1} ({what}): label [{cp.pos_min}, {cp.pos_max}], the SWA cells it copied,"
             f"<br>taken when {cp.n_tokens:,} prompt tokens were processed",
             faint=True,
-        )
-        bar(
-            kind,
-            row,
-            kept_from,
-            cp.pos_max + 1,
-            "",
-            f"checkpoint {i + 1}: data kept, positions {kept_from}..{cp.pos_max} (its last {n_swa});"
-            "<br>a restore puts back only these",
         )
 
 

@@ -45,3 +45,71 @@ def test_chat_cache_n(feedback):
         ([344, 70], "always the prompt's length, 420"),
         ([344], "[cache_n, prompt_n]"),
     ])  # fmt: skip
+
+
+# ------------------------------------------------ the notebook's claim about rule 2's start test
+
+
+def _random_runs(seed: int, trials: int):
+    """(n_swa, request record, created checkpoints) of seeded random SwaSlot runs: windows 16 to 128,
+    other ubatch and batch sizes, user-message starts, prefixes cut anywhere, answers of 0 to 200 tokens."""
+    import random
+
+    from kvlab.server.swa import SwaConfig, SwaSlot
+
+    rng = random.Random(seed)
+    for _ in range(trials):
+        n_swa = rng.choice([16, 32, 64, 128])
+        n_ubatch = rng.choice([8, 32, 64, 128, 512])
+        config = SwaConfig(
+            n_swa=n_swa,
+            n_ubatch=n_ubatch,
+            n_batch=rng.choice([n_ubatch, 2 * n_ubatch, 2048]),
+            ctx_checkpoints=rng.choice([2, 8, 32]),
+            checkpoint_min_step=rng.choice([0, 64, 8192]),
+        )
+        slot = SwaSlot(config)
+        prompt = list(range(1000, 1000 + rng.randint(10, 1500)))
+        for _ in range(rng.randint(1, 5)):
+            cut = rng.randint(0, len(prompt))
+            prompt = prompt[:cut] + [rng.randint(0, 999) for _ in range(rng.randint(1, 400))]
+            starts = (
+                sorted(rng.sample(range(1, len(prompt)), k=2))
+                if rng.random() < 0.5 and len(prompt) > 2
+                else []
+            )
+            record = slot.complete(prompt, max_tokens=rng.choice([0, 0, 5, 200]), user_starts=starts)
+            yield n_swa, record, list(record.created)
+
+
+def test_server_checkpoints_hold_a_window_except_just_after_a_restore():
+    """Notebook 12, *What rule 2's start test guarantees*: a checkpoint the server takes starts at 0 or
+    holds the n_swa - 1 positions before its pos_max, so the start test is safe for it; the one exception
+    is the copy taken right after a restore (the restored pos_max is computed again), which holds one less.
+    The notebook quotes these 150 runs: 1 such copy in 1,175 checkpoints."""
+    seen = after_restore = 0
+    for n_swa, record, created in _random_runs(seed=0, trials=150):
+        for cp in created:
+            seen += 1
+            if cp.pos_min == 0 or cp.pos_max - cp.pos_min + 1 >= n_swa:
+                continue
+            restored = record.restored
+            assert restored is not None and cp.pos_max == restored.pos_max - 1, (n_swa, cp, restored)
+            assert cp.pos_max - cp.pos_min + 1 == n_swa - 1
+            after_restore += 1
+    assert (after_restore, seen) == (1, 1175)
+
+
+def test_the_chat_run_takes_a_short_copy_after_its_restore_but_never_needs_it():
+    """Notebook 12, *Where kvlab follows the real engine*: after restoring [0, 344] the chat run's next
+    checkpoint is [217, 343], 127 positions; the newer [217, 344] passes rule 2 whenever it does."""
+    from kvlab.lessons.ex12 import example_12_chat
+    from kvlab.server.swa import checkpoint_usable
+
+    record = example_12_chat()[1]
+    assert record.restored is not None and record.restored.span == (0, 344)
+    short, full = record.created[0], record.created[1]
+    assert (short.span, full.span) == ((217, 343), (217, 344))
+    for n_past in range(344, 400):
+        if checkpoint_usable(short, n_past, 128):
+            assert checkpoint_usable(full, n_past, 128)
