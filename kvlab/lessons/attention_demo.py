@@ -439,16 +439,14 @@ def _scattering_line(shuffled: Timing, ordered: Timing, goal: float = CPU_GOAL) 
     the share kvlab's goal allows paging as a whole (``goal``: 1.2x SDPA, i.e. 20%).
     """
     low, high = shuffled.ratio_spread(ordered)
-    allowed = 100 * (goal - 1)
-    cost = f"at most {100 * (high - 1):.0f}%" if high > 1 else "nothing measurable"
+    allowed = f"the {100 * (goal - 1):.0f}% kvlab allows paging as a whole"
     if high <= 1:
-        verdict = "the shuffled blocks were never slower than the same blocks in order"
-    elif high <= goal:
-        verdict = f"within the {allowed:.0f}% kvlab allows paging as a whole: the lookups were small next to the reads"
-    else:
-        verdict = f"more than the {allowed:.0f}% kvlab allows paging as a whole: this run does not show the lookups small"
-    floor = "; it may be nothing (the spread reaches 1.00x)" if low <= 1 < high else ""
-    return f"  in this run scattering the blocks over the pool cost {cost} of the in-order time{floor}: {verdict}"
+        return "  scattering the blocks over the pool cost nothing measurable in this run (the ratio's spread stays at or below 1.00x)"
+    floor = f" (possibly nothing: the spread reaches {low:.2f}x)" if low <= 1 else ""
+    head = f"  scattering the blocks over the pool cost at most {100 * (high - 1):.0f}% of the in-order time{floor}"
+    if high <= goal:
+        return f"{head}; within {allowed}, so in this run the lookups were small next to the reads"
+    return f"{head}; more than {allowed}, so this run does not show the lookups small"
 
 
 def _ratio(a: Timing, b: Timing) -> str:
@@ -638,6 +636,12 @@ def ttft_lines(runs: dict[str, list[ChatTurnResult]]) -> list[str]:
     out += [f"(median time to first token of {runs['slot'][0].ttft.repeats} runs, IQR in brackets)", ""]
     out.append(cold_turns_line(runs))
     off = runs["off"]
+    if len(off) > 1:  # off prefills a longer prompt each turn: did that show in time?
+        first, last = off[0], off[-1]
+        out.append(
+            f"off    turn {last.turn} prefills {last.prompt_n:,} tokens, turn 1 {first.prompt_n:,}: "
+            + _verdict(first.ttft, last.ttft, "turn 1", f"turn {last.turn}")
+        )
     for mode in ("slot", "blocks"):
         for t, same in zip(runs[mode][1:], off[1:], strict=True):
             cpu = same.ttft.cpu_median_ms / t.ttft.cpu_median_ms if t.ttft.cpu_median_ms else float("inf")

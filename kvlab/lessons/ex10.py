@@ -208,7 +208,7 @@ def on_real_server(chat: bool = True) -> list[str]:
         else []
     )
     real, ours = run_slots(refusal, n_slots=2, n_ctx=256)
-    slots = "a 300-token prompt on 256-token slots (-np 2 -c 512: each slot gets -c / -np = 256 tokens)"
+    slots = "a 300-token prompt on 256-token slots: -np 2 -c 512, and each slot gets -c / -np = 512 / 2 = 256 tokens"
     lines += side_by_side(slots, real, ours, cols)
     lines.append(refusal_line(real, ours))
     lines += side_by_side("n_predict 0, -np 1", *run_slots(zero, n_ctx=512), cols)
