@@ -239,3 +239,13 @@ def test_bounds_are_refused_before_any_work(call):
 def test_cuda_without_a_gpu_is_refused_with_kvlabs_error():
     with pytest.raises(KvlabError, match="cpu"):
         demo.paged_batch([4], 4, device="cuda")
+
+
+def test_the_scattering_line_bounds_the_cost_by_the_top_of_the_spread():
+    ordered = Timing((1.0, 1.0, 1.0, 1.0), (1.0, 1.0, 1.0, 1.0))
+    small = Timing((1.05, 1.08, 1.06, 1.07), (1.0, 1.0, 1.0, 1.0))
+    large = Timing((1.4, 1.5, 1.45, 1.5), (1.0, 1.0, 1.0, 1.0))
+    same = Timing((0.98, 0.99, 0.97, 0.99), (1.0, 1.0, 1.0, 1.0))
+    assert "within the 20%" in demo._scattering_line(small, ordered)
+    assert "more than the 20%" in demo._scattering_line(large, ordered)
+    assert "nothing measurable" in demo._scattering_line(same, ordered)
