@@ -35,7 +35,8 @@ check("16.3", layout)
     "16.4": """\
 # The replica with the most cached tokens for this prompt, among those that stay within 1.10 times the
 # mean load once this request is counted; ties go to the least loaded. Greedy routing without the bound
-# piles everyone onto one replica; a hash of the user ignores what is cached.
+# piles everyone onto one replica; a hash of the user ignores what is cached, and no router that keeps each
+# user on one replica can balance 13 users over 3 replicas.
 def router(request, replicas):
     bound = 1.10 * (sum(r.requests for r in replicas) + 1) / len(replicas)
     allowed = [r for r in replicas if r.requests + 1 <= bound] or list(replicas)

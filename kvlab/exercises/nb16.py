@@ -10,7 +10,9 @@ re-run by the grader on sessions and traffic drawn for each grading run.
 from __future__ import annotations
 
 import functools
+import math
 import random
+from dataclasses import dataclass, fields
 from typing import Any
 
 from kvlab.exercises.core import NotYet, Prediction, call, exercise, whole
@@ -18,7 +20,9 @@ from kvlab.lessons import capstone
 from kvlab.traces import read_trace
 
 COST_FACTOR = 0.8  # 16.3: at most this share of append-only's cost
-ROUTER_TOLERANCE = 0.05  # 16.4: a hit rate this far under user-hash's still counts
+ROUTER_TOLERANCE = (
+    0.05  # 16.4: a hit rate this far under routing by cached tokens within LOAD_BOUND still counts
+)
 LOAD_BOUND = 1.10  # 16.4: the busiest replica's requests over the mean
 
 
@@ -168,23 +172,104 @@ def cheaper_layout(answer: Any, cases: list[tuple[int, int]]) -> str:
                 f"{_session_name(seed)}: ${cost.dollars:.4f} (hit rate {cost.hit_rate:.2f}); it must cost below "
                 f"${limit:.4f}, {COST_FACTOR:.0%} of append-only's ${baseline.dollars:.4f}."
             )
-        lines.append(f"${cost.dollars:.4f} against append-only's ${baseline.dollars:.4f}")
+        lines.append(
+            f"{_session_name(seed)}: ${cost.dollars:.4f} against append-only's ${baseline.dollars:.4f}"
+        )
     return "Everything kept, and cheaper: " + "; ".join(lines) + "."
 
 
-def _traffic_cases(rng: random.Random | None) -> list[tuple[int, int]]:
-    """(seed, users) of the traffic: the notebook's, and with ``rng`` two fresh ones (the grader's, hidden)."""
-    return [(1, 48)] + ([(rng.randrange(2, 10**6), 48) for _ in range(2)] if rng else [])
+@dataclass(frozen=True)
+class Traffic:
+    """One traffic 16.4 routes: ``route_fleet``'s options, and how feedback names it."""
+
+    seed: int
+    users: int
+    turns: int = 4
+    replicas: int = 4
+    system_tokens: int = 600
+    capacity_blocks: int = 2400
+
+    def options(self) -> dict[str, int]:
+        return {field.name: getattr(self, field.name) for field in fields(self)}
+
+    def call(self) -> str:
+        """The call that replays it, so a student can rerun the traffic that failed."""
+        return "route_fleet(router, " + ", ".join(f"{k}={v}" for k, v in self.options().items()) + ")"
+
+    @property
+    def splits_unevenly(self) -> bool:
+        """True when no assignment of whole users to replicas stays within the load bound.
+
+        Every user sends ``turns`` requests, so a router that keeps each user on one replica gives
+        some replica ``ceil(users / replicas)`` users: that over the mean is its imbalance at best.
+        """
+        return math.ceil(self.users / self.replicas) * self.replicas / self.users > LOAD_BOUND
 
 
-def _routed(router: Any, **options: Any) -> capstone.RoutingResult:
+NOTEBOOK_TRAFFIC = Traffic(seed=1, users=48)
+UNEVEN_TRAFFIC = Traffic(seed=2, users=13, turns=8, replicas=3)
+
+
+def _traffic_cases(rng: random.Random | None) -> list[Traffic]:
+    """The notebook's two traffics, and with ``rng`` two fresh ones (the grader's, hidden).
+
+    The lesson's 48 users split evenly over 4 replicas, so keeping each user on one replica
+    (``request.user % 4``) is perfectly balanced there. The others have 3 or 5 replicas and user
+    counts that no whole-user split keeps within ``LOAD_BOUND`` (``Traffic.splits_unevenly``): a
+    router that ignores what is cached either breaks the bound or loses the users' histories. The
+    last has a longer system prompt and a smaller cache, so histories compete for room.
+    """
+    cases = [NOTEBOOK_TRAFFIC, UNEVEN_TRAFFIC]
+    if rng is None:
+        return cases
+    return cases + [
+        Traffic(rng.randrange(3, 10**6), users=rng.choice((7, 10, 16)), turns=8, replicas=3),
+        Traffic(
+            rng.randrange(3, 10**6),
+            users=rng.choice((11, 16, 21, 26)),
+            turns=6,
+            replicas=5,
+            system_tokens=1200,
+            capacity_blocks=2000,
+        ),
+    ]
+
+
+@functools.lru_cache(maxsize=16)
+def _reference(traffic: Traffic) -> capstone.RoutingResult:
+    """What routing by cached tokens within ``LOAD_BOUND`` reaches on this traffic (the hit-rate bar)."""
+    return capstone.route_fleet(
+        functools.partial(capstone.longest_prefix, load_bound=LOAD_BOUND),
+        name="prefix-aware",
+        **traffic.options(),
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def _by_user(traffic: Traffic) -> capstone.RoutingResult:
+    return capstone.route_fleet(capstone.user_hash, **traffic.options())
+
+
+def _routed(router: Any, traffic: Traffic) -> capstone.RoutingResult:
     """``route_fleet`` with the student's router; what the router did wrong comes back as NotYet."""
     try:
-        return capstone.route_fleet(router, **options)
+        return capstone.route_fleet(router, name="yours", **traffic.options())
     except Exception as exc:
         if exc.__cause__ is not None:  # what the student's router did (call() made it NotYet or not done)
             raise exc.__cause__ from None
         raise
+
+
+def _load_advice(traffic: Traffic) -> str:
+    """Why a router broke the bound on this traffic, when the traffic itself says why."""
+    if not traffic.splits_unevenly:
+        return ""
+    per = math.ceil(traffic.users / traffic.replicas)
+    return (
+        f" {traffic.users} users do not split evenly over {traffic.replicas} replicas: keeping every user on one "
+        f"replica puts {per} users ({per * traffic.turns} requests) on one of them. Move a user when its replica "
+        "is full, to the replica with the most of its prompt cached."
+    )
 
 
 @exercise(
@@ -204,9 +289,9 @@ def _routed(router: Any, **options: Any) -> capstone.RoutingResult:
         "(count this request too).",
     ],
 )
-def prefix_router(answer: Any, cases: list[tuple[int, int]]) -> str:
+def prefix_router(answer: Any, cases: list[Traffic]) -> str:
     lines = []
-    for seed, users in cases:
+    for traffic in cases:
 
         def router(request: Any, replicas: Any) -> int:
             choice = call(answer, request, replicas)
@@ -214,20 +299,23 @@ def prefix_router(answer: Any, cases: list[tuple[int, int]]) -> str:
                 raise NotYet(f"router must return a replica index (an int), got {choice!r}.")
             return int(choice)
 
-        mine = _routed(router, seed=seed, users=users, name="yours")
-        by_user = capstone.route_fleet(capstone.user_hash, seed=seed, users=users)
-        if mine.hit_rate < by_user.hit_rate - ROUTER_TOLERANCE:
+        mine = _routed(router, traffic)
+        name = f"Traffic {traffic.call()}"
+        if mine.imbalance > LOAD_BOUND + 1e-9:
             raise NotYet(
-                f"Traffic {seed}: hit rate {mine.hit_rate:.3f}, more than {ROUTER_TOLERANCE} below user-hash's "
-                f"{by_user.hit_rate:.3f} (busiest replica {mine.imbalance:.2f}x the mean): send a request where "
-                "its prefix is cached whenever the load allows."
+                f"{name}: the busiest replica took {mine.imbalance:.2f} times the mean load "
+                f"(requests {list(mine.requests)}); keep it at most {LOAD_BOUND:.2f}.{_load_advice(traffic)}"
             )
-        if mine.imbalance > LOAD_BOUND:
+        bar = _reference(traffic)
+        if mine.hit_rate < bar.hit_rate - ROUTER_TOLERANCE:
+            by_user = _by_user(traffic)
             raise NotYet(
-                f"Traffic {seed}: the busiest replica took {mine.imbalance:.2f} times the mean load; "
-                f"keep it at most {LOAD_BOUND}."
+                f"{name}: hit rate {mine.hit_rate:.3f}, more than {ROUTER_TOLERANCE} below {bar.hit_rate:.3f}, what "
+                f"routing by cached tokens reaches within the same load bound (user-hash: {by_user.hit_rate:.3f} "
+                f"at {by_user.imbalance:.2f}x the mean load): send a request where its prefix is cached whenever "
+                "the load allows."
             )
         lines.append(
-            f"hit rate {mine.hit_rate:.3f} (user-hash {by_user.hit_rate:.3f}), load {mine.imbalance:.2f}x"
+            f"hit rate {mine.hit_rate:.3f} (the bar: {bar.hit_rate - ROUTER_TOLERANCE:.3f}), load {mine.imbalance:.3f}x"
         )
     return "Good routing: " + "; ".join(lines) + "."

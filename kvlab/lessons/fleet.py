@@ -156,7 +156,8 @@ def working_set_lines(unlimited: FleetResult, large: FleetResult) -> list[str]:
         f"{large.capacity_blocks:,} blocks:   evicted {sum(large.trace.evicted_blocks):,} blocks on the way, "
         f"hit rate {100 * large.hit_rate:.1f}%",
         f"the {large.capacity_blocks:,}-block cache holds {large.capacity_blocks / everything:.0%} of what the fleet "
-        f"ever caches and loses {100 * (unlimited.hit_rate - large.hit_rate):.1f} points to an unlimited one",
+        f"ever caches and loses {100 * (unlimited.hit_rate - large.hit_rate):.2f} points to an unlimited one "
+        f"({100 * unlimited.hit_rate:.2f}% - {100 * large.hit_rate:.2f}%, before rounding)",
     ]
 
 

@@ -41,6 +41,9 @@ class LiveRow:
     source: str  # "live" or "simulated"
     routing: str  # the router's policy, or the simulation's routing
     hit_rate: float
+    router: str = (
+        ""  # what served a live row ("sglang-router 0.3.2", "kvlab's router"); "" for the simulation
+    )
     requests_per_s: float | None = None
     replica_hit_rates: tuple[float, ...] = ()
     replica_share: tuple[float, ...] = ()  # each replica's share of the prompt tokens
@@ -130,7 +133,7 @@ def live_routing_comparison(
         version = sglang_router_version()
         served = f"sglang-router {version}" if kind == "sglang" else "kvlab's router"
         sim_replicas = replicas
-    rows = [_live_row(r) for r in results]
+    rows = [_live_row(r, "your router" if url is not None else served) for r in results]
     for routing in ("round-robin", "user-hash"):
         sim = simulate_live(config, answer_tokens, replicas=sim_replicas, routing=routing)
         shares = _shares([sum(p for p, rep in zip(sim.trace.prompt_tokens, sim.trace.replica, strict=True)
@@ -139,11 +142,12 @@ def live_routing_comparison(
     return LiveComparison(tuple(rows), served, tuple(results), note)
 
 
-def _live_row(result: LiveResult) -> LiveRow:
+def _live_row(result: LiveResult, router: str) -> LiveRow:
     return LiveRow(
         "live",
         result.label,
         result.hit_rate,
+        router=router,
         requests_per_s=result.requests_per_s,
         replica_hit_rates=tuple(r.hit_rate for r in result.replicas),
         replica_share=_shares([r.queries for r in result.replicas]),
@@ -156,19 +160,28 @@ def _shares(counts: list[int]) -> tuple[float, ...]:
     return tuple(c / total for c in counts) if total else ()
 
 
+def _routing_name(row: LiveRow) -> str:
+    """A row's routing with what served it: the same policy name on two routers reads as two rows."""
+    return f"{row.routing} on {row.router}" if row.router else row.routing
+
+
 def format_comparison(comparison: LiveComparison) -> str:
-    """The rows as a small table: hit rate, requests/s, and each replica's share of the traffic."""
+    """The rows as a small table: hit rate and each replica's share of the traffic.
+
+    No requests per second: the live replicas share the machine's cores with each other (and the
+    recorded run with other work), so a rate says more about that contention than about the routing.
+    """
     if not isinstance(comparison, LiveComparison):
         raise InvalidArgumentError(
             f"comparison must come from live_routing_comparison(), got {brief(comparison)}"
         )
     lines = [f"live: {comparison.router}" + (f" ({comparison.note})" if comparison.note else "")]
-    lines.append(f"{'':<10}{'routing':<14}{'hit rate':>9}{'req/s':>8}  share of prompt tokens per replica")
+    width = max(len("routing"), *(len(_routing_name(r)) for r in comparison.rows)) + 2
+    lines.append(f"{'':<10}{'routing':<{width}}{'hit rate':>8}  share of prompt tokens per replica")
     for r in comparison.rows:
-        rate = f"{r.requests_per_s:.1f}" if r.requests_per_s is not None else "-"
         share = " ".join(f"{s:.0%}" for s in r.replica_share)
         failed = f"  ({r.failed} failed)" if r.failed else ""
-        lines.append(f"{r.source:<10}{r.routing:<14}{r.hit_rate:>9.1%}{rate:>8}  {share}{failed}")
+        lines.append(f"{r.source:<10}{_routing_name(r):<{width}}{r.hit_rate:>8.1%}  {share}{failed}")
     return "\n".join(lines)
 
 
@@ -177,22 +190,22 @@ def format_comparison(comparison: LiveComparison) -> str:
 RECORDED_WHEN = (
     "recorded 2026-12-01 15:29 UTC with this module's defaults: 4 kvlab serve replicas x 200 blocks, "
     "24 users x 4 turns, 4 requests in flight, on a two-core machine shared with other work; "
-    "the first two rows sglang-router 0.3.2's policies, the third kvlab's router (cache_aware)"
+    "three live rows: round_robin and cache_aware on sglang-router 0.3.2, then cache_aware on kvlab's router"
 )
-RECORDED_ROWS: tuple[tuple[str, str, float, float | None, tuple[float, ...]], ...] = (
-    ("live", "round_robin", 0.3971, 2.8, (0.244, 0.251, 0.261, 0.244)),
-    ("live", "cache_aware", 0.4888, 10.4, (1.0, 0.0, 0.0, 0.0)),
-    ("live", "kvlab's router", 0.664, 1.7, (0.427, 0.248, 0.295, 0.03)),
-    ("simulated", "round-robin", 0.3857, None, (0.255, 0.258, 0.245, 0.242)),
-    ("simulated", "user-hash", 0.6911, None, (0.33, 0.163, 0.323, 0.185)),
+RECORDED_ROWS: tuple[tuple[str, str, str, float, tuple[float, ...]], ...] = (
+    ("live", "round_robin", "sglang-router 0.3.2", 0.3971, (0.244, 0.251, 0.261, 0.244)),
+    ("live", "cache_aware", "sglang-router 0.3.2", 0.4888, (1.0, 0.0, 0.0, 0.0)),
+    ("live", "cache_aware", "kvlab's router", 0.664, (0.427, 0.248, 0.295, 0.03)),
+    ("simulated", "round-robin", "", 0.3857, (0.255, 0.258, 0.245, 0.242)),
+    ("simulated", "user-hash", "", 0.6911, (0.33, 0.163, 0.323, 0.185)),
 )
-"""(source, routing, hit rate, requests/s, share of prompt tokens per replica) of that run, as it printed."""
+"""(source, routing, router, hit rate, share of prompt tokens per replica) of that run, as it printed."""
 
 
 def recorded_comparison() -> LiveComparison:
     """The stored run above, as ``format_comparison`` lays it out (``results`` is empty: no live replies)."""
     rows = tuple(
-        LiveRow(source, routing, rate, requests_per_s=rps, replica_share=share)
-        for source, routing, rate, rps, share in RECORDED_ROWS
+        LiveRow(source, routing, rate, router=router, replica_share=share)
+        for source, routing, router, rate, share in RECORDED_ROWS
     )
     return LiveComparison(rows, "a recorded run, not this machine's", (), RECORDED_WHEN)

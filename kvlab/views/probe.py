@@ -25,6 +25,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from kvlab.core.timing import Timing
 from kvlab.errors import InvalidArgumentError, brief
 from kvlab.views import theme
 from kvlab.views._common import check_title, title_text
@@ -83,9 +84,10 @@ def _panel_traces(label: str, run: object, axis: int) -> tuple[list[dict[str, An
         name = str(_field(g, "name", f"{label} guess"))
         ttft = _field(g, "ttft", f"{label} guess")
         times = _times(f"{label}: guess {name}", _field(ttft, "wall_ms", f"{label} guess"))
-        s = sorted(times)
-        q1, q3 = s[len(s) // 4], s[(3 * len(s)) // 4 if len(s) > 1 else 0]
-        med = _median(times)
+        spread = Timing(
+            tuple(times), tuple(times)
+        )  # the quartiles the printed lines give (kvlab.core.timing)
+        q1, med, q3 = spread.q1_ms, spread.median_ms, spread.q3_ms
         secret = bool(_field(g, "is_secret", f"{label} guess"))
         called = bool(_field(g, "classified_hit", f"{label} guess"))
         names.append(f"guess {name}{' (the secret)' if secret else ''}: {'hit' if called else 'miss'}")

@@ -141,3 +141,39 @@ def test_every_percentage_notebook_15_states_is_printed_by_its_cells():
     assert stated, "no percentages found in the prose"
     missing = sorted(p for p in stated if p not in printed)
     assert not missing, f"notebook 15 states {missing} but no cell prints them"
+
+
+def test_the_probe_figure_draws_the_quartiles_the_printed_lines_give():
+    """Notebook 15's probe figure: a guess's bar is its IQR from kvlab.core.timing, not its min-max."""
+    from types import SimpleNamespace as Record
+
+    from kvlab.core.timing import Timing
+    from kvlab.views.probe import probe_timing_figure
+
+    times = (1.0, 2.0, 10.0)  # three repeats, as the notebook times each guess
+    spread = Timing(times, times)
+    guess = Record(
+        name="dana", ttft=Record(wall_ms=times), is_secret=True, classified_hit=True, threshold_ms=4.0
+    )
+    calibration = Record(hit=Record(wall_ms=(1.0, 2.0)), miss=Record(wall_ms=(20.0, 30.0)))
+    run = Record(calibration=calibration, guesses=(guess,), salted=False)
+    bars = probe_timing_figure({"shared cache": run}).data[2]
+    assert bars.name == "a guess (median, IQR)"
+    assert bars.x[0] == pytest.approx(spread.median_ms)
+    assert bars.x[0] - bars.error_x.arrayminus[0] == pytest.approx(spread.q1_ms)
+    assert bars.x[0] + bars.error_x.array[0] == pytest.approx(spread.q3_ms)
+    assert spread.q1_ms > min(times) and spread.q3_ms < max(times)  # not the extremes
+
+
+def test_the_recorded_fleet_run_names_each_live_row_and_gives_no_rate():
+    """Notebook 15's recorded table: three live rows, each naming its policy and router; no req/s column."""
+    from kvlab.lessons.fleet_live import format_comparison, recorded_comparison
+
+    table = format_comparison(recorded_comparison())
+    live = [line for line in table.splitlines() if line.startswith("live ")]
+    assert [line[len("live") :].strip().split("  ")[0] for line in live] == [
+        "round_robin on sglang-router 0.3.2",
+        "cache_aware on sglang-router 0.3.2",
+        "cache_aware on kvlab's router",
+    ]
+    assert "req/s" not in table and "three live rows" in table

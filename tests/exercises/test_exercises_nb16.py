@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import random
+
+import pytest
+
 import kvlab.exercises as ex
+from kvlab.exercises import nb16
+from kvlab.exercises.core import evaluate
 from kvlab.lessons import capstone
 from kvlab.traces import read_trace
 
@@ -60,8 +66,73 @@ def test_layouts_the_notebook_shows_do_not_pass():
 
 
 def test_routers_the_notebook_shows_do_not_pass():
-    assert "1.1" in ex.check("16.4", capstone.user_hash).message
-    assert "below user-hash" in ex.check("16.4", capstone.most_cached).message
-    assert ex.check("16.4", capstone.round_robin).status == ex.NOT_YET
+    assert "1.10" in ex.check("16.4", capstone.user_hash).message
+    assert "4.00 times the mean load" in ex.check("16.4", capstone.most_cached).message
+    assert (
+        "below 0.770, what routing by cached tokens reaches" in ex.check("16.4", capstone.round_robin).message
+    )
     assert "replica index" in ex.check("16.4", lambda r, v: "0").message
     assert ex.check("16.4", capstone.longest_prefix).right
+
+
+def _solution_router():
+    """The router of solutions/16_*, run as the notebook runs it."""
+    from pathlib import Path
+
+    path = next((Path(__file__).parents[2] / "solutions").glob("16_*.py"))
+    source = {}
+    exec(compile(path.read_text(), str(path), "exec"), source)
+    cell = {"check": lambda *args: None}
+    exec(source["SOLUTIONS"]["16.4"], cell)
+    return cell["router"]
+
+
+def _by_user_modulo(request, replicas):
+    return request.user % len(replicas)
+
+
+def test_cache_blind_sticky_routing_fails_where_users_split_unevenly():
+    # user % 4 is perfectly balanced on the lesson's 48 users: the notebook's second traffic catches it
+    exercise = ex.get("16.4")
+    lesson, uneven = exercise.draw_cases(None)
+    assert not lesson.splits_unevenly and uneven.splits_unevenly and uneven.replicas != 4
+    alone = nb16.prefix_router(_by_user_modulo, [lesson])
+    assert alone.startswith("Good routing")  # on the lesson's traffic alone it would pass
+    verdict = ex.check("16.4", _by_user_modulo)
+    assert verdict.status == ex.NOT_YET
+    assert "13 users do not split evenly over 3 replicas" in verdict.message
+    assert "times the mean load" in verdict.message and "seed=2" in verdict.message
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_hidden_traffics_pass_the_reference_and_fail_cache_blind_routers(seed):
+    exercise = ex.get("16.4")
+    cases = exercise.draw_cases(random.Random(seed))
+    assert len(cases) == 4 and {c.replicas for c in cases[2:]} == {3, 5}
+    assert all(c.splits_unevenly for c in cases[1:])  # no whole-user split keeps the load bound
+    for reference in (capstone.longest_prefix, _solution_router()):
+        assert evaluate(exercise, reference, cases).status == ex.RIGHT
+        for traffic in cases:
+            result = capstone.route_fleet(reference, **traffic.options())
+            assert result.imbalance <= nb16.LOAD_BOUND
+            mean = sum(result.requests) / len(result.requests)
+            assert max(result.requests) <= nb16.LOAD_BOUND * mean  # within the bound, not by rounding
+    for blind in (capstone.user_hash, _by_user_modulo):
+        for traffic in cases[1:]:
+            verdict = evaluate(exercise, blind, [traffic])
+            assert verdict.status == ex.NOT_YET and "do not split evenly" in verdict.message
+    verdict = evaluate(exercise, capstone.round_robin, cases[2:])
+    assert verdict.status == ex.NOT_YET and "below" in verdict.message
+
+
+def test_a_right_layout_names_both_sessions():
+    cell = {"check": lambda *args: None}
+    from pathlib import Path
+
+    path = next((Path(__file__).parents[2] / "solutions").glob("16_*.py"))
+    source = {}
+    exec(compile(path.read_text(), str(path), "exec"), source)
+    exec(source["SOLUTIONS"]["16.3"], cell)
+    verdict = ex.check("16.3", cell["layout"])
+    assert verdict.right
+    assert "this session (seed 16): $" in verdict.message and "agent_session(7): $" in verdict.message
