@@ -150,10 +150,20 @@ def _block_label(block: BlockState, owners: Owners, room: int) -> str:
 
 @lru_cache(maxsize=16384)
 def _block_cell(
-    block: BlockState, owners: tuple[tuple[str, int], ...], bs: int, room: int
+    block: BlockState, owners: tuple[tuple[str, int], ...], bs: int, room: int, compact: bool = False
 ) -> tuple[int, str, str]:
     """(status code, label, hover text without the queue position) of one block; memoised, since
-    consecutive snapshots share almost all their blocks and this is a stepper's main cost."""
+    consecutive snapshots share almost all their blocks and this is a stepper's main cost.
+
+    ``compact``: one short line, for pools too large to label their cells (hundreds of blocks times
+    every frame of an animation would otherwise carry megabytes of hover text into the notebook).
+    """
+    if compact:
+        return (
+            STATUS_CODE[block.status],
+            _block_label(block, list(owners), room),
+            _compact_hover(block, owners, bs),
+        )
     lines = [f"<b>block {block.block_id}</b> · {block.status}", theme.STATUS_MEANING[block.status]]
     if owners:
         held = ", ".join(f"{rid} (logical {lg})" for rid, lg in owners)
@@ -178,9 +188,28 @@ def block_hover(block: BlockState, state: BlockPoolState, owners: Owners, queue_
     return hover
 
 
+def _compact_hover(block: BlockState, owners: tuple[tuple[str, int], ...], bs: int) -> str:
+    """A block's hover in one line: id, status, holders (request and logical block), tokens, slots.
+
+    Plain ASCII on purpose: the figure's JSON writes each "<", ">" and non-ASCII character as a
+    six-character escape, and this text is repeated for every block in every frame.
+    """
+    parts = [f"block {block.block_id}: {block.status}"]
+    if owners:
+        parts.append(", ".join(f"{rid} L{lg}" for rid, lg in owners))
+    if not block.is_null:
+        parts.append(f"{block.num_tokens}/{bs} tokens")
+    parts.append(f"slots {block.block_id * bs}-{block.block_id * bs + bs - 1}")
+    return ", ".join(parts)
+
+
 @lru_cache(maxsize=16384)
-def _table_cell(rid: str, logical: int, b: int, k: int, bs: int, ref: int | None) -> str:
+def _table_cell(
+    rid: str, logical: int, b: int, k: int, bs: int, ref: int | None, compact: bool = False
+) -> str:
     first = logical * bs
+    if compact:
+        return f"{rid} L{logical}: block {b}, tokens {first}-{first + max(k, 1) - 1}"  # ASCII: see _compact_hover
     refs = f" · ref count {ref}" if ref is not None else ""
     return (f"<b>{rid}</b>: logical block {logical} → physical block {b}<br>"
             f"tokens {first}–{first + max(k, 1) - 1} ({k} of {bs}){refs}<br>"
@@ -262,7 +291,7 @@ def _grid_trace(state: BlockPoolState, shape: _Shape) -> dict[str, Any]:
         if r >= shape.rows:
             continue
         code, label, tip = _block_cell(block, tuple(owners.get(block.block_id, no_owner)),
-                                       state.block_size, shape.detail)  # fmt: skip
+                                       state.block_size, shape.detail, not shape.show_text)  # fmt: skip
         z[r][c] = code
         text[r][c] = label if shape.show_text else ""
         pos = queue_pos.get(block.block_id)
@@ -286,7 +315,9 @@ def _tables_trace(
             tz[row][logical] = STATUS_CODE[block.status] if block is not None else None
             k = max(0, min(bs, length - logical * bs))
             ttext[row][logical] = str(b) if table_text else ""
-            thover[row][logical] = _table_cell(rid, logical, b, k, bs, block.ref_count if block else None)
+            thover[row][logical] = _table_cell(
+                rid, logical, b, k, bs, block.ref_count if block else None, not table_text
+            )
             where_in_tables.setdefault(b, []).append((logical, row))
     trace = status_heatmap(tz, ttext, thover, xaxis="x2", yaxis="y2", name="block tables", font_size=11,
                            y=list(range(shape.trows)), gap=2 if shape.tcols <= 40 else 0)  # fmt: skip

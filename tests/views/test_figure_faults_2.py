@@ -376,3 +376,13 @@ def test_the_counts_over_neighbouring_bars_never_run_together() -> None:
     keep = [list(t.text) for t in fig.data if t.type == "scatter"][1]
     assert keep[:6] == ["2.4k", "400", "400", "400", "400", "2k"]
     assert any(t.hovertemplate and "%{y:,} tokens processed" in t.hovertemplate for t in fig.data)
+
+
+def test_a_large_pool_animation_stays_light() -> None:
+    """Notebook 03's 512-block animation: one plain hover line per block keeps it under 1 MB of JSON."""
+    fig = block_pool_animation(ex03.example_3().paged.history)
+    assert len(fig.to_json()) < 1_000_000
+    hover = fig.data[0].hovertext[0][0]
+    assert hover.isascii() and hover.startswith("block 0: never used, 0/16 tokens, slots 0-15")
+    last = fig.frames[-1].data[0].hovertext[0][0]
+    assert last.startswith("block 0: in use, r0 L0, 16/16 tokens")
