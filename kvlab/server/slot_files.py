@@ -235,7 +235,7 @@ def decode_slot(blob: bytes, shape: ModelShape) -> SlotData:
     blob = bytes(blob)
     if len(blob) < _HEADER.size:
         raise SlotFileError(
-            f"the file is truncated: {len(blob)} bytes, shorter than the {_HEADER.size}-byte header"
+            f"the file is truncated: {len(blob):,} bytes, shorter than the {_HEADER.size}-byte header"
         )
     magic, version, n_layers, n_heads, head_dim, code, n, digest = _HEADER.unpack_from(blob)
     if magic != MAGIC:
@@ -265,10 +265,10 @@ def decode_slot(blob: bytes, shape: ModelShape) -> SlotData:
         )
     want = slot_file_size(shape, n)
     if len(blob) < want:
-        raise SlotFileError(f"the file is truncated: {len(blob)} bytes, {want} expected for {n} tokens")
+        raise SlotFileError(f"the file is truncated: {len(blob):,} bytes, {want:,} expected for {n:,} tokens")
     if len(blob) > want:
         raise SlotFileError(
-            f"the file has {len(blob) - want} bytes more than {n} tokens need; it is corrupted"
+            f"the file has {len(blob) - want:,} bytes more than {n:,} tokens need; it is corrupted"
         )
     payload = blob[_HEADER.size :]
     if hashlib.sha256(payload).digest() != digest:

@@ -58,7 +58,7 @@ from kvlab.views.animations import DEFAULT_FRAME_MS, animate, check_frames, step
 from kvlab.views.live import Stepper
 
 FULL = "full-attention layers"
-RING = "SWA cells cover"
+RING = "SWA cells hold"
 BATCH = "batch decoded"
 
 #: Bar colours and the legend's words for them.
@@ -671,24 +671,18 @@ def swa_decision_figure(
         )
     cells_verdict, cp_verdicts, outcome = _verdicts(state, event)
     held = [p for p in state.cells if p != EMPTY]
-    rows = ["cached prompt", "SWA cells hold"] + [
-        f"checkpoint {i + 1}" for i in range(len(state.checkpoints))
-    ]
+    rows = [FULL, RING] + [f"checkpoint {i + 1}" for i in range(len(state.checkpoints))]
     swa_full = threshold >= n_past  # the server tests with a window of 0
     window_from = n_past if swa_full else max(0, n_past - n_swa + 1)
     x_max = max(_extent(state), n_past + 1)
     x_hi = x_max * 1.02
     px = _decision_px_per_position(rows, x_hi)
     lines = [n_past] + ([] if swa_full else [threshold])
-    bars = [
-        _DecisionBar(
-            "cached prompt", 0, state.n_tokens, theme.GREY, 1.0, f"positions 0 … {state.n_tokens - 1}"
-        )
-    ]
-    labels = [("cached prompt", 0, state.n_tokens, f"0 … {state.n_tokens - 1}")]
+    bars = [_DecisionBar(FULL, 0, state.n_tokens, theme.GREY, 1.0, f"positions 0 … {state.n_tokens - 1}")]
+    labels = [(FULL, 0, state.n_tokens, f"0 … {state.n_tokens - 1}")]
     for a, b in _runs(held):
-        bars.append(_DecisionBar("SWA cells hold", a, b, theme.BLUE, 1.0, f"positions {a} … {b - 1}"))
-        labels.append(("SWA cells hold", a, b, f"[{a}, {b - 1}]"))
+        bars.append(_DecisionBar(RING, a, b, theme.BLUE, 1.0, f"positions {a} … {b - 1}"))
+        labels.append((RING, a, b, f"[{a}, {b - 1}]"))
     restored = event.get("restored")
     for i, cp in enumerate(state.checkpoints):
         row, kept_from = f"checkpoint {i + 1}", _checkpoint_data_from(cp, n_swa)

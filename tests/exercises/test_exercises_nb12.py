@@ -83,7 +83,7 @@ def _random_runs(seed: int, trials: int):
 
 
 def test_server_checkpoints_hold_a_window_except_just_after_a_restore():
-    """Notebook 12, *What rule 2's start test guarantees*: a checkpoint the server takes starts at 0 or
+    """Notebook 12, *Where the rule's edges come from*: a checkpoint the server takes starts at 0 or
     holds the n_swa - 1 positions before its pos_max, so the start test is safe for it; the one exception
     is the copy taken right after a restore (the restored pos_max is computed again), which holds one less.
     The notebook quotes these 150 runs: 1 such copy in 1,175 checkpoints."""
@@ -101,7 +101,7 @@ def test_server_checkpoints_hold_a_window_except_just_after_a_restore():
 
 
 def test_the_chat_run_takes_a_short_copy_after_its_restore_but_never_needs_it():
-    """Notebook 12, *Where kvlab follows the real engine*: after restoring [0, 344] the chat run's next
+    """Notebook 12, *Where the rule's edges come from*: after restoring [0, 344] the chat run's next
     checkpoint is [217, 343], 127 positions; the newer [217, 344] passes rule 2 whenever it does."""
     from kvlab.lessons.ex12 import example_12_chat
     from kvlab.server.swa import checkpoint_usable

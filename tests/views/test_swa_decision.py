@@ -45,7 +45,10 @@ def test_the_lessons_request_2_starts_over_and_each_row_says_why(lesson):
     assert said["checkpoint 1"] == "✗ ends at 1,324,<br>after 350"
     assert said["checkpoint 2"] == "✗ ends at 1,836,<br>after 350"
     bars = fig.data[0]
-    assert list(bars.y) == ["cached prompt", "SWA cells hold"] + ["checkpoint 1"] * 2 + ["checkpoint 2"] * 2
+    assert (
+        list(bars.y)
+        == ["full-attention layers", "SWA cells hold"] + ["checkpoint 1"] * 2 + ["checkpoint 2"] * 2
+    )
     # each checkpoint: a faint bar for its label range, a solid one for the data it keeps (its last 128)
     assert list(zip(bars.base, bars.x, strict=True)) == [
         (0, 1841), (1073, 768), (557, 768), (1197, 128), (1069, 768), (1709, 128)

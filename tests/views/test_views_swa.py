@@ -53,7 +53,7 @@ def test_the_slot_after_the_long_prompt(ex12):
     spec = swa_spec(state)
     strip = spec["data"][0]
     assert strip["type"] == "heatmap" and strip["z"] == [[None if p == EMPTY else p for p in state.cells]]
-    assert bars(spec, "positions the SWA cells") == [("SWA cells cover", 1073, 1841, "[1073, 1840]")]
+    assert bars(spec, "positions the SWA cells") == [("SWA cells hold", 1073, 1841, "[1073, 1840]")]
     assert bars(spec, "positions the full-attention") == [("full-attention layers", 0, 1841, "0 … 1840")]
     # each checkpoint twice, as in the decision figure: its label range faint, the last n_swa = 128
     # positions its data keeps solid
@@ -68,7 +68,7 @@ def test_the_slot_after_the_long_prompt(ex12):
     assert labels == ["1536–1840", "1073–1535"]  # the ring wrapped: cells 0-304 hold the newest positions
     assert spec["layout"]["yaxis"]["categoryarray"][:3] == [
         "full-attention layers",
-        "SWA cells cover",
+        "SWA cells hold",
         "batch decoded",
     ]
 
@@ -89,7 +89,7 @@ def test_the_reuse_marks_show_the_needed_band(ex12):
 def test_swa_full_cells_hold_everything(ex12):
     spec = swa_spec(ex12.slots["swa_full"].history[3].state)
     assert len(spec["data"][0]["z"][0]) == 4096
-    assert bars(spec, "positions the SWA cells") == [("SWA cells cover", 0, 1841, "[0, 1840]")]
+    assert bars(spec, "positions the SWA cells") == [("SWA cells hold", 0, 1841, "[0, 1840]")]
 
 
 def test_created_and_restored_checkpoints_are_marked(chat):
@@ -109,7 +109,7 @@ def test_created_and_restored_checkpoints_are_marked(chat):
     assert opacities(restored, "checkpoint restored") == [1.0, 0.3]
     # the checkpoint says [0, 344], but its data held only the last n_swa positions (llama.cpp's
     # state_write skips masked cells), so after the restore the cells cover [217, 343]
-    assert bars(restored, "positions the SWA cells") == [("SWA cells cover", 217, 344, "[217, 343]")]
+    assert bars(restored, "positions the SWA cells") == [("SWA cells hold", 217, 344, "[217, 343]")]
 
 
 def test_the_animation_has_one_frame_per_step_on_fixed_axes(ex12):
