@@ -9,7 +9,8 @@ kvlab's ``hashing.block_hashes`` (vLLM scheme) beside vLLM's ``hash_block_tokens
 chain on the trace's prompts, checked to give the same digests. CPU time
 (``time.process_time``) of interleaved rounds (``kvlab.core.timing``), medians
 with the IQR, and the ratios. The parsed trace is frozen out of the garbage
-collector's view while timing (``frozen_input``), for both sides alike.
+collector's view while timing (``frozen_input``), for both sides alike, and each
+round's results are dropped after its clock stops (``_keep``).
 
 Runs one seeded trace of alloc / append / free operations (chat requests behind
 a few shared system prompts, in a pool small enough that cached blocks are
@@ -372,9 +373,17 @@ def _cpu_quartiles(t: Timing) -> tuple[float, float]:
     return q1, q3
 
 
-def _keep(store: dict[str, Any], name: str, fn: Callable[[], Any]) -> Callable[[], None]:
-    def go() -> None:
-        store[name] = fn()
+def _keep(store: dict[str, Any], name: str, fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn``, keeping its first result (the warm-up's) in ``store`` for the check.
+
+    Each result is returned, so the timer drops it after its clock stops: no side
+    pays for tearing down an earlier round's results inside its own timing.
+    """
+
+    def go() -> Any:
+        value = fn()
+        store.setdefault(name, value)
+        return value
 
     return go
 
@@ -423,6 +432,8 @@ def compare_with_vllm(scenario: dict, repeats: int, hash_prompts: int) -> None:
         return [hashing.block_hashes(toks, bs, scheme="vllm") for toks in prompts]
 
     ours, theirs = "kvlab hashing.block_hashes (vllm scheme)", "vLLM hash_block_tokens chain"
+    del k_out, v_out, mine, real
+    got = {}
     fns = {ours: _keep(got, "kvlab", kvlab_chain), theirs: _keep(got, "vllm", vllm_chain)}
     with frozen_input():
         timings = measure_side_by_side(fns, warmup=1, repeats=max(repeats, 5))
