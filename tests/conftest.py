@@ -7,13 +7,35 @@ expects kvlab's error, and checks both are exactly as they were afterwards.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from hostile import fingerprint as _fingerprint
 
-from kvlab.errors import KvlabError
+
+def _interpret_triton_without_a_gpu() -> None:
+    """Switch Triton's interpreter on before anything in the session imports triton.
+
+    ``triton.jit`` decides at decoration time; torch.compile (which kvlab's CPU decode uses, and which a
+    skip condition probes at collection) imports triton too, so the Triton kernel's test module would
+    set the variable too late.
+    """
+    if "TRITON_INTERPRET" in os.environ:
+        return
+    try:
+        import torch
+    except ImportError:
+        return
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
+_interpret_triton_without_a_gpu()
+
+from hostile import fingerprint as _fingerprint  # noqa: E402 - after the interpreter switch
+
+from kvlab.errors import KvlabError  # noqa: E402
 
 
 def assert_refused(
