@@ -408,7 +408,28 @@ class DecodeAgainstSdpa:
             ]
             if peak is None:
                 out.append(goal_line(shuffled, sdpa, f"paged {impl}"))
+        if "memory copy" in read:
+            out.append(self._copy_line(read, peak))
         return out
+
+    def _copy_line(self, read: dict[str, Timing], peak: float | None) -> str:
+        """Each kernel's bandwidth as a share of the memory copy's: below 100%, its own work limits it."""
+        copy_rate = 2 * self.copy_bytes / read["memory copy"].median_ms
+        kernels = {f"paged {impl}": read[f"paged, {impl}"] for impl in self.impls}
+        kernels["SDPA"] = read["contiguous, torch SDPA"]
+        shares = {name: self.kv_bytes / t.median_ms / copy_rate for name, t in kernels.items()}
+        listed = ", ".join(f"{name} {100 * share:.0f}%" for name, share in shares.items())
+        slower = [name for name, share in shares.items() if share < 1]
+        if len(slower) == len(shares):
+            verdict = "no kernel reaches the copy's speed, so a kernel's own work, not only reading memory, limits it"
+        elif slower:
+            verdict = f"{' and '.join(slower)} stay below the copy's speed, so their own work limits them"
+        else:
+            verdict = "every kernel reads as fast as the copy, so reading memory limits them"
+        line = f"against the memory copy's bandwidth: {listed}; {verdict}"
+        if peak:
+            line += "; the Triton kernel is judged against the card's peak (the % of the peak above)"
+        return line
 
 
 CPU_GOAL = 1.2
@@ -874,8 +895,28 @@ def sweep_lines(sweep: dict[int, Timing], fit: int) -> list[str]:
     factors = {
         more: sweep[fewer].ratio_to(sweep[more]) for fewer, more in zip(counts, counts[1:], strict=False)
     }
-    out.append(_sweep_conclusion(gained, fit, factors))
+    if 1 in sweep and len(sweep) > 1:
+        out.append(_against_one_line(sweep))
+    out.append("doubling by doubling, " + _sweep_conclusion(gained, fit, factors))
     return out
+
+
+def _against_one_line(sweep: dict[int, Timing]) -> str:
+    """Which client counts clearly beat one client: a different question from each doubling's."""
+    above = [c for c in sorted(sweep) if c != 1 and sweep[c].clearly_faster_than(sweep[1])]
+    rest = [c for c in sorted(sweep) if c != 1 and c not in above]
+    said = []
+    if above:
+        said.append(f"{_clients(above)} clearly more throughput than one client")
+    if rest:
+        said.append(f"{_clients(rest)} not clearly more")
+    return "against one client, in this run: " + "; ".join(said)
+
+
+def _clients(counts: list[int]) -> str:
+    names = [str(c) for c in counts]
+    joined = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    return f"{joined} client{'s' if len(names) > 1 or counts[0] > 1 else ''}"
 
 
 def _sweep_conclusion(gained: dict[int, bool], fit: int, factors: dict[int, float] | None = None) -> str:

@@ -8,7 +8,8 @@ uses ``kvlab.server.slots.SlotServer`` and ``kvlab.server.conversation.replay_ch
 
 Notebook 10's helpers live here too, so its cells are a few calls: the two agents taking turns on
 several slot servers (``take_turns``), the stepper's steps and figure (``counter_steps``,
-``counters_figure``) and the chat over HTTP (``chat_over_http``).
+``counters_figure``) and the chat over HTTP (``chat_over_http``). Kept as one module: the lesson's
+recorded counters and every helper notebook 10 calls sit together, in the order the notebook uses them.
 """
 
 from __future__ import annotations
@@ -377,10 +378,19 @@ def where_matches_stop(
         prompt, cache_n = step.state.slots[step.state.last.slot_id].tokens, step.state.last.cache_n
         lines += [
             f"request {n}: cache_n {cache_n} of {len(prompt)} tokens",
-            "  end of the reused part: " + repr(tokenizer.decode(prompt[:cache_n])[-40:]),
+            "  end of the reused part: " + repr(_tail_text(tokenizer, prompt[:cache_n])),
             "  processed:              " + repr(tokenizer.decode(prompt[cache_n:])[:90]),
         ]
     return lines
+
+
+def _tail_text(tokenizer: Tokenizer, tokens: Sequence[int], chars: int = 50) -> str:
+    """The last whole tokens of ``tokens`` that fit in about ``chars`` characters (at least one token),
+    so the snippet never starts inside a token."""
+    start = max(len(tokens) - 1, 0)
+    while start > 0 and len(tokenizer.decode(tokens[start - 1 :])) <= chars:
+        start -= 1
+    return tokenizer.decode(tokens[start:])
 
 
 def _runs_up_to(server: SlotServer, index: int, turns: int) -> dict[str, list[object]]:
@@ -397,12 +407,35 @@ def _runs_up_to(server: SlotServer, index: int, turns: int) -> dict[str, list[ob
     }
 
 
+_CHOSEN = {"lru": "the least recently used", "lcp": "chosen by similarity", "id": "asked for by id_slot"}
+
+
+def request_caption(step: Step) -> str:
+    """A step's caption with requests numbered from 1, as the notebook's prose counts them, and the slot
+    choice spelled out (the model's own captions say ``req-0`` and ``(lru)``)."""
+    event = step.event if isinstance(step, Step) else None
+    if event is None or isinstance(event, str) or event.kind not in ("slots.place", "slots.finish"):
+        return caption(step)
+    number = int(str(event["request_id"]).removeprefix("req-")) + 1
+    if event.kind == "slots.finish":
+        return (
+            f"request {number} done: {event['n_generated']} sampled, "
+            f"slot {event['slot_id']} keeps {event['n_tokens']:,} tokens"
+        )
+    how = _CHOSEN.get(event["selected_by"], event["selected_by"])
+    return (
+        f"request {number} on slot {event['slot_id']} ({how}): "
+        f"cache_n {event['cache_n']}, prompt_n {event['prompt_n']}"
+    )
+
+
 def counter_steps(server: SlotServer, turns: int = 4) -> list[Step]:
     """One Step per step of the server's history: its caption and every request's counters so far, by run."""
     server = _server(server)
     turns = check_size("turns", turns, "turns", minimum=1)
     return [
-        Step(step.index, caption(step), _runs_up_to(server, step.index, turns)) for step in server.history
+        Step(step.index, request_caption(step), _runs_up_to(server, step.index, turns))
+        for step in server.history
     ]
 
 

@@ -75,6 +75,11 @@ def test_decode_against_sdpa_times_each_layout_and_a_copy(one_thread):
     assert lines[0].startswith("this CPU: 2 sequences × 64 tokens")
     assert any(line.startswith("paged torch / SDPA, in time:") for line in lines)
     assert any("shuffled blocks / the same blocks in order" in line for line in lines)
+    copy = lines[-1]
+    assert copy.startswith("against the memory copy's bandwidth: paged torch ") and ", SDPA " in copy
+    copy_rate = 2 * result.copy_bytes / result.times["memory copy"].cpu_median_ms
+    sdpa_share = result.kv_bytes / result.times["contiguous, torch SDPA"].cpu_median_ms / copy_rate
+    assert f"SDPA {100 * sdpa_share:.0f}%" in copy, "the shares are computed from the printed times"
 
 
 def test_predicted_cached_follows_vllms_rounding():
@@ -93,9 +98,17 @@ def test_verdicts_come_from_the_spreads():
     lines = demo.sweep_lines(sweep, fit=4)
     assert "2 clients against 1: clearly more" in "\n".join(lines)
     assert "4 clients against 2: not clearly more" in "\n".join(lines)
+    assert (
+        lines[-2]
+        == "against one client, in this run: 2, 4 and 8 clients clearly more throughput than one client"
+    )
     assert lines[-1] == (
-        "in this run some doublings up to 4 clients clearly raised the throughput, not all; "
+        "doubling by doubling, in this run some doublings up to 4 clients clearly raised the throughput, not all; "
         "past the pool's 4 requests no doubling clearly raised it"
+    )
+    mixed = demo.sweep_lines({1: slow, 2: noisy, 4: fast}, fit=4)
+    assert mixed[-2] == (
+        "against one client, in this run: 4 clients clearly more throughput than one client; 2 clients not clearly more"
     )
     assert "one client's" not in lines[0], "one client is not compared with itself"
 

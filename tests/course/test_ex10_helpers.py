@@ -69,6 +69,9 @@ def test_where_matches_stop_numbers_requests_from_one(both_runs):
     assert lines[0] == "request 2: cache_n 41 of 56 tokens"
     assert lines[3] == "request 6: cache_n 10 of 68 tokens"
     assert lines[4].endswith("Time: 10:0'")  # the match stops at the minute digit
+    assert lines[1] == "  end of the reused part: 'assistant\\n next tests a run reads error returns'", (
+        "the snippet starts at a token boundary"
+    )
     with pytest.raises(KvlabError):
         ex10.where_matches_stop(server, tokenizer, requests=(9,))
     with pytest.raises(KvlabError):
@@ -83,6 +86,13 @@ def test_counter_steps_follow_the_servers_history(both_runs):
     assert [r.cache_n for r in last["append-only"]] == [0, 41, 63, 85]
     assert [r.cache_n for r in last["clock in the system prompt"]] == [3, 10, 10, 10]
     assert steps[0].state["clock in the system prompt"] == [(0, 0)] * 4  # nothing sent yet
+    captions = [step.event for step in steps]
+    assert captions[1] == "request 1 on slot 0 (the least recently used): cache_n 0, prompt_n 34"
+    assert captions[2] == "request 1 done: 8 sampled, slot 0 keeps 41 tokens"
+    assert captions[3] == "request 2 on slot 0 (chosen by similarity): cache_n 41, prompt_n 15"
+    # request 8 reuses 10 of 112 tokens, 0.089, not above the 0.10 threshold: the server falls back
+    assert captions[-2] == "request 8 on slot 0 (the least recently used): cache_n 10, prompt_n 102"
+    assert not any("req-" in c or "(lru)" in c or "(lcp)" in c for c in captions)
 
 
 def test_refusal_line_names_the_modelled_slot():
@@ -123,6 +133,7 @@ def test_chat_over_http_agrees_with_kvlab_serve():
         lambda: ex10.compare_runs([1], [2], "a", "b"),
         lambda: ex10.where_matches_stop(SlotServer(1), None),
         lambda: ex10.arithmetic_report(append_only=[1, 2]),
+        lambda: ex10.request_caption(3),
     ],
 )
 def test_bad_input_is_refused_with_kvlabs_error(call):
