@@ -67,6 +67,32 @@ def view_specs(
     return specs, [c for c, _ in steps]
 
 
+#: A trace key whose value is the same in every frame and larger than this (in characters of its repr)
+#: is left out of the frames: the figure shows it from its first frame, and a frame only changes what it
+#: carries. Names, types and legend keys always travel, so every frame still reads whole.
+_SHARED_KEY_CHARS = 200
+_ALWAYS_IN_FRAMES = frozenset({"type", "name", "legendgroup", "showlegend", "visible"})
+
+
+def _constant_trace_keys(specs: list[Spec]) -> list[frozenset[str]]:
+    """Per trace position, the large keys equal in every spec (kept once, in the figure's own data)."""
+    counts = {len(s["data"]) for s in specs}
+    if len(counts) != 1 or len(specs) < 2:
+        return [frozenset()] * len(specs[0]["data"])
+    shared = []
+    for j, first in enumerate(specs[0]["data"]):
+        keys = {
+            k for k, v in first.items()
+            if k not in _ALWAYS_IN_FRAMES and len(repr(v)) > _SHARED_KEY_CHARS
+            and all(s["data"][j].get(k, _MISSING) == v for s in specs[1:])
+        }  # fmt: skip
+        shared.append(frozenset(keys))
+    return shared
+
+
+_MISSING = object()
+
+
 def animate(specs: list[Spec], captions: list[str], *, frame_ms: int = DEFAULT_FRAME_MS) -> go.Figure:
     """A figure showing ``specs[0]`` with one frame per spec, a slider and play/pause buttons."""
     if not specs:
@@ -107,12 +133,14 @@ def animate(specs: list[Spec], captions: list[str], *, frame_ms: int = DEFAULT_F
     # layout keys that differ between frames travel with every frame
     changing = sorted({k for s in specs for k, v in s["layout"].items() if first["layout"].get(k) != v}
                       - {"height", "margin"})  # fmt: skip
+    constant = _constant_trace_keys(specs)
     frames = []
     for i, spec in enumerate(specs):
         frame_layout = {k: spec["layout"].get(k) for k in changing}
         if "title" in frame_layout:
             frame_layout["title"] = dict(frame_layout["title"], y=layout["title"]["y"])
-        frames.append({"name": str(i), "data": spec["data"], "layout": frame_layout})
+        data = [{k: v for k, v in t.items() if k not in constant[j]} for j, t in enumerate(spec["data"])]
+        frames.append({"name": str(i), "data": data, "layout": frame_layout})
     buttons_y = -controls_top / plot_h
     slider_y = -(controls_top + _BUTTONS_PX) / plot_h
     step_args = {"mode": "immediate", "frame": {"duration": 0, "redraw": True}, "transition": {"duration": 0}}

@@ -189,7 +189,7 @@ def block_hover(block: BlockState, state: BlockPoolState, owners: Owners, queue_
 
 
 def _compact_hover(block: BlockState, owners: tuple[tuple[str, int], ...], bs: int) -> str:
-    """A block's hover in one line: id, status, holders (request and logical block), tokens, slots.
+    """A block's hover in one line: id, status, holders (request and logical block) and tokens.
 
     Plain ASCII on purpose: the figure's JSON writes each "<", ">" and non-ASCII character as a
     six-character escape, and this text is repeated for every block in every frame.
@@ -199,8 +199,7 @@ def _compact_hover(block: BlockState, owners: tuple[tuple[str, int], ...], bs: i
         parts.append(", ".join(f"{rid} L{lg}" for rid, lg in owners))
     if not block.is_null:
         parts.append(f"{block.num_tokens}/{bs} tokens")
-    parts.append(f"slots {block.block_id * bs}-{block.block_id * bs + bs - 1}")
-    return ", ".join(parts)
+    return ", ".join(parts)  # its slots are block id x block size onward, as the subtitle says
 
 
 @lru_cache(maxsize=16384)
