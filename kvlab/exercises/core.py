@@ -54,7 +54,7 @@ from kvlab.exercises.plain import name_in as name_in  # the checkers import it f
 from kvlab.exercises.result import NOT_DONE as NOT_DONE
 from kvlab.exercises.result import NOT_YET as NOT_YET
 from kvlab.exercises.result import RIGHT as RIGHT
-from kvlab.exercises.result import Result, _ipython_shell
+from kvlab.exercises.result import Result, ShownOnce
 from kvlab.lessons.log import LOG_ENV as LOG_ENV  # the tests and the grader name it here too
 from kvlab.lessons.log import log_event
 
@@ -641,7 +641,7 @@ class RecordedGuess(Result):
 
 
 @dataclass
-class Reveal:
+class Reveal(ShownOnce):
     """What ``reveal`` shows: the guess made before it (or None), kvlab's value, and whether they agree."""
 
     exercise_id: str
@@ -685,20 +685,6 @@ class Reveal:
             f"<b style='color:{color}'>{mark}</b> &middot; {html.escape(self.exercise_id)} "
             f"{html.escape(self.title)}<table>{rows}</table><div>{html.escape(self.remark())}</div></div>"
         )
-
-    def show(self) -> None:
-        """Show the reveal: rich output in a notebook, plain text elsewhere."""
-        self._shown = True
-        if _ipython_shell() is None:
-            print(self.text())
-        else:
-            from IPython.display import publish_display_data
-
-            publish_display_data({"text/plain": self.text(), "text/html": self._repr_html_()})
-
-    def _ipython_display_(self) -> None:
-        if not self._shown:
-            self.show()
 
 
 def _shown_value(value: Any, p: Prediction) -> str:

@@ -15,8 +15,29 @@ NOT_YET = "not yet"
 NOT_DONE = "not done yet"
 
 
+class ShownOnce:
+    """Shows itself once: rich output in a notebook, plain text elsewhere (needs ``text``, ``_repr_html_``
+    and a ``_shown`` field). ``check`` and ``reveal`` show what they return already; a cell ending in
+    either call must not show it twice."""
+
+    _shown: bool
+
+    def show(self) -> None:
+        self._shown = True
+        if _ipython_shell() is None:
+            print(self.text())  # type: ignore[attr-defined]
+        else:
+            from IPython.display import publish_display_data
+
+            publish_display_data({"text/plain": self.text(), "text/html": self._repr_html_()})  # type: ignore[attr-defined]
+
+    def _ipython_display_(self) -> None:
+        if not self._shown:
+            self.show()
+
+
 @dataclass
-class Result:
+class Result(ShownOnce):
     """What one ``check`` found. ``status`` is "right", "not yet" or "not done yet"."""
 
     exercise_id: str
@@ -49,22 +70,6 @@ class Result:
             f"<b style='color:{color}'>{mark}</b> &middot; {html.escape(self.exercise_id)} "
             f"{html.escape(self.title)}<div>{html.escape(self.message)}</div>{hint}</div>"
         )
-
-    def show(self) -> None:
-        """Show the result: rich output in a notebook, plain text elsewhere."""
-        self._shown = True
-        shell = _ipython_shell()
-        if shell is None:
-            print(self.text())
-        else:
-            from IPython.display import publish_display_data
-
-            publish_display_data({"text/plain": self.text(), "text/html": self._repr_html_()})
-
-    def _ipython_display_(self) -> None:
-        # check() has shown the result already; a cell ending in check(...) must not show it twice.
-        if not self._shown:
-            self.show()
 
 
 def _ipython_shell() -> Any:
