@@ -18,6 +18,8 @@ def _reuse(event: Event) -> str:
         what = "forcing full prompt re-processing, its checkpoints erased"
     elif restored is not None:
         what = f"restored checkpoint [{restored[0]}, {restored[1]}]"
+    elif event["cache_n"] == 0:
+        what = "nothing cached to reuse"
     else:
         what = "cache reused"
     return (
