@@ -266,3 +266,5 @@ def test_the_scattering_line_says_where_the_gap_to_sdpa_is():
     assert "most of the gap to SDPA is the scattering" in demo._scattering_line(large, ordered, slow_sdpa)
     assert "nothing measurable" in demo._scattering_line(same, ordered, slow_sdpa)
     assert "lost nothing" in demo._scattering_line(same, ordered, ordered)
+    near = Timing((0.93, 0.94, 0.92, 0.95), (1.0, 1.0, 1.0, 1.0))  # in-order about 1.07x SDPA, like small
+    assert "cannot tell which of the two costs more" in demo._scattering_line(small, ordered, near)
