@@ -143,9 +143,9 @@ class TestNotebook:
         for ex_id, cell in _exercise_cells(_read(path)):
             assert cell.cell_type == "code"
             assert "..." in cell.source, f"{ex_id}: the shipped cell keeps a ... for the student to replace"
-            assert re.search(rf"""(check|predict)\(["']{re.escape(ex_id)}["']""", cell.source.splitlines()[-1]), (
-                f"{ex_id}: the cell's last line calls check('{ex_id}', ...) (or predict, for a prediction)"
-            )
+            assert re.search(
+                rf"""(check|predict)\(["']{re.escape(ex_id)}["']""", cell.source.splitlines()[-1]
+            ), f"{ex_id}: the cell's last line calls check('{ex_id}', ...) (or predict, for a prediction)"
 
     def test_solutions_pair_with_the_exercise_cells(self, path):
         marked = {ex_id for ex_id, _ in _exercise_cells(_read(path))}

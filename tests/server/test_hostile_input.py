@@ -9,7 +9,6 @@ be valid (huge sizes, floats, wrong types) must be refused.
 from __future__ import annotations
 
 import contextlib
-
 import itertools
 from collections.abc import Callable
 from typing import Any
