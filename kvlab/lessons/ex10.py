@@ -407,35 +407,12 @@ def _runs_up_to(server: SlotServer, index: int, turns: int) -> dict[str, list[ob
     }
 
 
-_CHOSEN = {"lru": "the least recently used", "lcp": "chosen by similarity", "id": "asked for by id_slot"}
-
-
-def request_caption(step: Step) -> str:
-    """A step's caption with requests numbered from 1, as the notebook's prose counts them, and the slot
-    choice spelled out (the model's own captions say ``req-0`` and ``(lru)``)."""
-    event = step.event if isinstance(step, Step) else None
-    if event is None or isinstance(event, str) or event.kind not in ("slots.place", "slots.finish"):
-        return caption(step)
-    number = int(str(event["request_id"]).removeprefix("req-")) + 1
-    if event.kind == "slots.finish":
-        return (
-            f"request {number} done: {event['n_generated']} sampled, "
-            f"slot {event['slot_id']} keeps {event['n_tokens']:,} tokens"
-        )
-    how = _CHOSEN.get(event["selected_by"], event["selected_by"])
-    return (
-        f"request {number} on slot {event['slot_id']} ({how}): "
-        f"cache_n {event['cache_n']}, prompt_n {event['prompt_n']}"
-    )
-
-
 def counter_steps(server: SlotServer, turns: int = 4) -> list[Step]:
     """One Step per step of the server's history: its caption and every request's counters so far, by run."""
     server = _server(server)
     turns = check_size("turns", turns, "turns", minimum=1)
     return [
-        Step(step.index, request_caption(step), _runs_up_to(server, step.index, turns))
-        for step in server.history
+        Step(step.index, caption(step), _runs_up_to(server, step.index, turns)) for step in server.history
     ]
 
 

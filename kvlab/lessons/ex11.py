@@ -11,8 +11,6 @@ refused restores, and the same sequence over HTTP.
 
 from __future__ import annotations
 
-from typing import Any
-
 from kvlab.core.snapshots import History
 from kvlab.errors import LIMITS, check_int, check_size
 from kvlab.server.slot_files import CELL_META_BYTES, LLAMA_8B, TINY_MODEL, TOKEN_ID_BYTES, offload_estimate
@@ -158,7 +156,7 @@ def save_restore_history(
         first.complete(prefix, max_tokens=0)
         assert first.history is not None
         for step in first.history.steps[-2:]:  # the request placed, then finished
-            add(f"server 1: {_plain_caption(step, caption)}", step.state, None, None)
+            add(f"server 1: {caption(step)}", step.state, None, None)
         saved = save_slot(first, 0, FILE, directory=d)
         file = first.slot_tokens(0)
         add(f"POST /slots/0?action=save: {saved.n_tokens:,} tokens, {saved.n_bytes:,} bytes to {FILE}",
@@ -170,23 +168,8 @@ def save_restore_history(
         second.complete(prefix + new, max_tokens=1)
         assert second.history is not None
         for step in second.history.steps[-3:]:  # restored, then the request placed and finished
-            add(f"server 2: {_plain_caption(step, caption)}", None, file, step.state)
+            add(f"server 2: {caption(step)}", None, file, step.state)
     return history
-
-
-def _plain_caption(step: Any, caption: Any) -> str:
-    """A slot event's caption in words, without the server's request id (``req-0``)."""
-    event = step.event
-    kind = getattr(event, "kind", None)
-    if kind == "slots.place":
-        return f"the request reaches slot {event['slot_id']}: cache_n {event['cache_n']}, prompt_n {event['prompt_n']}"
-    if kind == "slots.finish":
-        return (
-            f"the request is finished (it sampled {event['n_generated']} token"
-            f"{'' if event['n_generated'] == 1 else 's'}); "
-            f"slot {event['slot_id']} keeps {event['n_tokens']:,} tokens"
-        )
-    return str(caption(step))
 
 
 DAMAGED_COPIES = ("flipped.bin", "truncated.bin")

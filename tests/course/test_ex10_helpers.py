@@ -133,7 +133,6 @@ def test_chat_over_http_agrees_with_kvlab_serve():
         lambda: ex10.compare_runs([1], [2], "a", "b"),
         lambda: ex10.where_matches_stop(SlotServer(1), None),
         lambda: ex10.arithmetic_report(append_only=[1, 2]),
-        lambda: ex10.request_caption(3),
     ],
 )
 def test_bad_input_is_refused_with_kvlabs_error(call):

@@ -244,8 +244,8 @@ def test_each_step_records_an_event_and_its_caption():
     ]
     assert [caption(step) for step in s.history] == [
         "start",
-        "req-0 on slot 1 (lru): cache_n 0, prompt_n 3",
-        "req-0 done: 2 sampled, slot 1 keeps 4 tokens",
+        "request 1 on slot 1 (the least recently used): cache_n 0, prompt_n 3",
+        "request 1 done: 2 sampled, slot 1 keeps 4 tokens",
         "slot 1 restored with 2 tokens",
         "slot 1 erased (2 tokens)",
     ]
