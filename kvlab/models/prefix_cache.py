@@ -81,9 +81,8 @@ sense together.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from itertools import islice
-from typing import Any
 
 from kvlab.core import hashing
 from kvlab.core.hashing import _blocks, check_token_ids
@@ -123,41 +122,6 @@ class FreeResult:
     request_id: str
     block_table: tuple[int, ...]
     released: tuple[int, ...]
-
-
-def _slot_setters(cls: type) -> tuple[Any, ...]:
-    """The ``__set__`` of each slot of a slots dataclass, in field order.
-
-    The hot paths build their frozen results by writing the slots directly: a frozen
-    dataclass's ``__init__`` goes through ``object.__setattr__`` per field, twice the cost.
-    The object is the same (same type, fields, equality, still frozen afterwards).
-    """
-    return tuple(cls.__dict__[f.name].__set__ for f in fields(cls))
-
-
-_new_object = object.__new__
-_set_request_id, _set_block_table, _set_released = _slot_setters(FreeResult)
-_set_probe = _slot_setters(ProbeResult)
-_set_allocation = _slot_setters(AllocationResult)
-
-
-def _allocation_result(
-    request_id: str, num_tokens: int, num_new_tokens: int, num_cached_tokens: int, hit_block_ids: tuple,
-    new_block_ids: tuple, evicted: tuple, evicted_hashes: tuple, block_table: BlockTableView,
-) -> AllocationResult:  # fmt: skip
-    """``AllocationResult(...)`` on values already checked, its slots written directly."""
-    result = _new_object(AllocationResult)
-    s0, s1, s2, s3, s4, s5, s6, s7, s8 = _set_allocation
-    s0(result, request_id)
-    s1(result, num_tokens)
-    s2(result, num_new_tokens)
-    s3(result, num_cached_tokens)
-    s4(result, hit_block_ids)
-    s5(result, new_block_ids)
-    s6(result, evicted)
-    s7(result, evicted_hashes)
-    s8(result, block_table)
-    return result
 
 
 class _Request:
@@ -292,12 +256,7 @@ class PrefixCache:
         salt = None if cache_salt is None else _check_salt(cache_salt)
         bs = self.block_size
         hits = self._hits(islice(_blocks(toks, bs), (len(toks) - 1) // bs), salt)[0]
-        result = _new_object(ProbeResult)
-        s0, s1, s2 = _set_probe
-        s0(result, len(toks))
-        s1(result, len(hits) * bs)
-        s2(result, tuple([b.block_id for b in hits]))
-        return result, hits
+        return ProbeResult(len(toks), len(hits) * bs, tuple([b.block_id for b in hits])), hits
 
     # ------------------------------------------------------------------ operations
 
@@ -337,7 +296,7 @@ class PrefixCache:
         self._cache_blocks(new, hashes, keys)
         last = hashes[-1] if hashes else parent if hits else None
         self._requests[request_id] = _Request(toks, ids, len(blocks), last, salt)
-        result = _allocation_result(
+        result = AllocationResult(
             request_id, num_tokens, num_tokens, num_hits * bs, tuple(hit_ids), tuple(new_ids), evicted,
             evicted_hashes, BlockTableView(ids, len(ids)),
         )  # fmt: skip
@@ -380,7 +339,7 @@ class PrefixCache:
             self._cache_blocks([blocks[i] for i in ids[done:full]], hashes, keys)
             req.num_hashed = full
             req.last_hash = hashes[-1]
-        result = _allocation_result(
+        result = AllocationResult(
             request_id, total, len(toks), 0, (), tuple(new_ids), evicted, evicted_hashes,
             BlockTableView(ids, len(ids)),
         )  # fmt: skip
@@ -411,10 +370,7 @@ class PrefixCache:
                     to_back(block)
         self._queue._prepend_n(unhashed)
         self._queue._append_n(hashed)
-        result = _new_object(FreeResult)
-        _set_request_id(result, request_id)
-        _set_block_table(result, tuple(ids))
-        _set_released(result, tuple([b.block_id for b in unhashed + hashed]))
+        result = FreeResult(request_id, tuple(ids), tuple([b.block_id for b in unhashed + hashed]))
         if self.history is not None:
             front = result.released[: len(unhashed)]
             event = Event.of("prefix_cache.free", request_id=request_id, block_table=result.block_table,
