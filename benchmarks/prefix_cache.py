@@ -8,9 +8,11 @@ checked to give the same hits, new blocks, refusals and final free queue; then
 kvlab's ``hashing.block_hashes`` (vLLM scheme) beside vLLM's ``hash_block_tokens``
 chain on the trace's prompts, checked to give the same digests. CPU time
 (``time.process_time``) of interleaved rounds (``kvlab.core.timing``), medians
-with the IQR, and the ratios. The parsed trace is frozen out of the garbage
-collector's view while timing (``frozen_input``), for both sides alike, and each
-round's results are dropped after its clock stops (``_keep``).
+with the IQR, and the ratios. Both sides' results are checked on one untimed run
+each and dropped before the clock starts, so no side's garbage collections walk
+results the other kept; the parsed trace is frozen out of the collector's view
+while timing (``frozen_input``), for both alike; each timed round's results are
+dropped after its clock stops.
 
 Runs one seeded trace of alloc / append / free operations (chat requests behind
 a few shared system prompts, in a pool small enough that cached blocks are
@@ -43,7 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -373,21 +375,6 @@ def _cpu_quartiles(t: Timing) -> tuple[float, float]:
     return q1, q3
 
 
-def _keep(store: dict[str, Any], name: str, fn: Callable[[], Any]) -> Callable[[], Any]:
-    """``fn``, keeping its first result (the warm-up's) in ``store`` for the check.
-
-    Each result is returned, so the timer drops it after its clock stops: no side
-    pays for tearing down an earlier round's results inside its own timing.
-    """
-
-    def go() -> Any:
-        value = fn()
-        store.setdefault(name, value)
-        return value
-
-    return go
-
-
 def compare_with_vllm(scenario: dict, repeats: int, hash_prompts: int) -> None:
     """kvlab beside vLLM's real code on the same ops: the cache, then the block hash chain."""
     v = load_vllm()
@@ -399,17 +386,16 @@ def compare_with_vllm(scenario: dict, repeats: int, hash_prompts: int) -> None:
         t = measure_side_by_side({"kvlab PrefixCache": lambda: kvlab_ops(config, ops)}, repeats=repeats)
         print(f"  kvlab PrefixCache {t['kvlab PrefixCache'].cpu_median_ms:.1f} CPU ms for {len(ops):,} ops")
         return
-    got: dict[str, Any] = {}
     ours, theirs = "kvlab PrefixCache", "vLLM 0.33.0 KVCacheManager"
-    fns = {ours: _keep(got, "kvlab", lambda: kvlab_ops(config, ops)),
-           theirs: _keep(got, "vllm", lambda: vllm_ops(v, config, ops))}  # fmt: skip
-    with frozen_input():
-        timings = measure_side_by_side(fns, warmup=1, repeats=repeats)
-    (k_out, k_queue), (v_out, v_queue) = got["kvlab"], got["vllm"]
+    (k_out, k_queue), (v_out, v_queue) = kvlab_ops(config, ops), vllm_ops(v, config, ops)
     mine = [_kvlab_view(op, r) for op, r in zip(ops, k_out, strict=True)]
     real = [_vllm_view(op, r) for op, r in zip(ops, v_out, strict=True)]
     if mine != real or k_queue != v_queue:
         raise SystemExit("kvlab and vLLM returned different results: a bug, not a benchmark result")
+    del k_out, v_out, mine, real  # checked: no side's timing walks the other's kept results in a collection
+    fns = {ours: lambda: kvlab_ops(config, ops), theirs: lambda: vllm_ops(v, config, ops)}
+    with frozen_input():
+        timings = measure_side_by_side(fns, warmup=1, repeats=repeats)
     print(f"side by side with vLLM's real code, {len(ops):,} ops (same hits, new blocks, refusals and final "
           "free queue: checked), CPU time:")  # fmt: skip
     _print_timings(timings, "prefix cache", ours, theirs)
@@ -432,14 +418,15 @@ def compare_with_vllm(scenario: dict, repeats: int, hash_prompts: int) -> None:
         return [hashing.block_hashes(toks, bs, scheme="vllm") for toks in prompts]
 
     ours, theirs = "kvlab hashing.block_hashes (vllm scheme)", "vLLM hash_block_tokens chain"
-    del k_out, v_out, mine, real
-    got = {}
-    fns = {ours: _keep(got, "kvlab", kvlab_chain), theirs: _keep(got, "vllm", vllm_chain)}
-    with frozen_input():
-        timings = measure_side_by_side(fns, warmup=1, repeats=max(repeats, 5))
-    if got["kvlab"] != got["vllm"]:
+    mine_chains = kvlab_chain()
+    if mine_chains != vllm_chain():
         raise SystemExit("kvlab and vLLM hashed differently: a bug, not a benchmark result")
-    blocks = sum(len(c) for c in got["kvlab"])
+    blocks = sum(len(c) for c in mine_chains)
+    del mine_chains
+    with frozen_input():
+        timings = measure_side_by_side(
+            {ours: kvlab_chain, theirs: vllm_chain}, warmup=1, repeats=max(repeats, 5)
+        )
     print(f"block hashes of {len(prompts):,} prompts ({blocks:,} blocks, the same digests: checked):")
     _print_timings(timings, "hash chain", ours, theirs)
 
