@@ -41,6 +41,7 @@ from kvlab.views.charts import (
     cache_n_figure,
     hit_rate_figure,
     per_turn_figure,
+    timing_per_turn_figure,
     tokens_per_turn_figure,
     utilization_figure,
 )
@@ -85,6 +86,7 @@ __all__ = [
     "hash_chain_figure",
     "hit_rate_figure",
     "per_turn_figure",
+    "timing_per_turn_figure",
     "radix_animation",
     "radix_tree_figure",
     "setup",

@@ -195,6 +195,50 @@ def per_turn_figure(
     return go.Figure({"data": data, "layout": layout})
 
 
+def timing_per_turn_figure(series: Mapping[str, Any], *, y_title: str, title: str) -> go.Figure:
+    """One line of medians per series over turns, each point with its interquartile range as an error bar.
+
+    ``series`` maps a name to one ``kvlab.core.timing.Timing`` per turn (what the course's
+    timing helper returns). Why the bars: a median alone hides how far repeated runs
+    spread, and a reader should see whether two lines' ranges overlap before reading
+    one as faster.
+    """
+    from kvlab.core.timing import Timing
+
+    pairs = _named_values(series, "series of timings")
+    medians: dict[str, list[float]] = {}
+    bars: dict[str, tuple[list[float], list[float]]] = {}
+    for name, turns in pairs:
+        if isinstance(turns, (str, bytes)) or not isinstance(turns, Sequence):
+            raise InvalidArgumentError(
+                f"{name}: expected a list of Timings, one per turn, got {brief(turns)}"
+            )
+        timings = read_items(name, turns)
+        for i, t in enumerate(timings):
+            if not isinstance(t, Timing):
+                raise InvalidArgumentError(
+                    f"{name}[{i}] must be a kvlab.core.timing.Timing (what measure returns), got {brief(t)}"
+                )
+        medians[name] = [t.median_ms for t in timings]
+        bars[name] = ([t.q3_ms - t.median_ms for t in timings], [t.median_ms - t.q1_ms for t in timings])
+    fig = per_turn_figure(medians, y_title=y_title, title=title)
+    for trace, name in zip(fig.data, medians, strict=True):
+        up, down = bars[name]
+        trace.update(
+            error_y={
+                "type": "data",
+                "symmetric": False,
+                "array": up,
+                "arrayminus": down,
+                "thickness": 2,
+                "width": 6,
+            },
+            hovertemplate=f"{name}<br>turn %{{x}}: %{{y:,.1f}} (IQR -%{{error_y.arrayminus:.1f}} "
+            "+%{error_y.array:.1f})<extra></extra>",
+        )
+    return fig
+
+
 def tokens_per_turn_figure(
     series: Mapping[str, Any] | Sequence[Any], *, cumulative: bool = False, title: str | None = None
 ) -> go.Figure:
