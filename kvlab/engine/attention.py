@@ -821,7 +821,7 @@ def _flex_block_mask(block_tables: torch.Tensor, seq_lens: torch.Tensor, shape: 
     kwargs = {
         "BLOCK_SIZE": (FLEX_Q_BLOCK, bs),
         "mask_mod": mask_mod,
-        "seq_lengths": (1, shape.num_blocks * bs),
+        "seq_lengths": (shape.group, shape.num_blocks * bs),  # a KV head's query heads are its query rows
     }
     try:  # the query-side index only serves the backward pass; skip building it where torch allows
         return BlockMask.from_kv_blocks(*args, **kwargs, compute_q_blocks=False)
@@ -870,17 +870,13 @@ def flex_decode(
     tokens = shape.num_blocks * shape.block_size
     k = key_cache.view(1, tokens, shape.num_kv_heads, shape.head_dim).transpose(1, 2)
     v = value_cache.view(1, tokens, shape.num_kv_heads, shape.head_dim).transpose(1, 2)
-    q = query.view(shape.num_seqs, shape.num_heads, 1, shape.head_dim)
+    # grouped: each KV head's query heads are the query rows of one attention over that head's keys, so a
+    # block of keys is read once per KV head, not once per query head (decode is exact this way)
+    q = query.view(shape.num_seqs, shape.num_kv_heads, shape.group, shape.head_dim)
     out = _flex_call(
-        (query.dtype, shape.block_size) if compiled else None,
-        q,
-        k,
-        v,
-        block_mask=mask,
-        scale=scale,
-        enable_gqa=shape.num_heads != shape.num_kv_heads,
+        (query.dtype, shape.block_size) if compiled else None, q, k, v, block_mask=mask, scale=scale
     )
-    return out.view(query.shape)
+    return out.reshape(query.shape)
 
 
 # ---------------------------------------------------------------------------- prefill
