@@ -74,6 +74,8 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from kvlab.errors import InvalidArgumentError, cdiv
 
 try:
@@ -95,11 +97,18 @@ CHUNK_BYTES = 2 << 20
 BATCH_TILE_BYTES = 4 << 20
 # FlexAttention's query block: decode has one query row, any size >= 1 works (attention-gym uses 128)
 FLEX_Q_BLOCK = 128
-# the compiled CPU decode: chunks of about COMPILED_CHUNK_TOKENS tokens (whole blocks), each a short
-# reduction; used for calls that read at least COMPILED_MIN_BYTES of K and V (smaller ones run the walk
-# and never compile), for at most COMPILED_MAX_KINDS kinds (dtype, block size, heads, head_dim) a process.
-# Measured with benchmarks/paged_attention.py on a 2-core Xeon: 32-token chunks beat 16, 64 and 128.
-COMPILED_CHUNK_TOKENS = 32
+# the compiled CPU decode: chunks of whole blocks, each a short reduction; used for calls that read at
+# least COMPILED_MIN_BYTES of K and V (smaller ones run the walk and never compile), for at most
+# COMPILED_MAX_KINDS kinds (dtype, block size, heads, head_dim) a process. A chunk is about
+# COMPILED_CHUNK_TOKENS tokens, fewer (COMPILED_WIDE_CHUNK_TOKENS) where one token's keys (all KV heads)
+# pass COMPILED_WIDE_ROW_BYTES. Measured on a 2-core Xeon (interleaved rounds, cache flushed between
+# calls, 1 and 2 threads): 8 KV heads x 128 fp32 (4 KiB a token): 64 tokens 1.02-1.25x SDPA, 32 tokens
+# 1.13-1.45x, 96 and 128 slower; 32 KV heads (16 KiB): 48 tokens 1.15-1.29x, 32 tokens 1.24-1.38x, 64
+# tokens 1.58-1.72x. Longer chunks write fewer partial outputs for the merge; too long, and a
+# chunk's values no longer stay in the core's cache while every head reads them.
+COMPILED_CHUNK_TOKENS = 64
+COMPILED_WIDE_CHUNK_TOKENS = 48
+COMPILED_WIDE_ROW_BYTES = 4 << 10
 COMPILED_MIN_BYTES = 8 << 20
 COMPILED_MAX_KINDS = 8
 # inductor's C++ options: threads chosen at run time (torch.set_num_threads), fused multiply-adds
@@ -472,6 +481,13 @@ def _chunked_decode_graph(
     return (scale[..., None] * chunk_out[seq_chunks]).sum(dim=1) / total[..., None]
 
 
+def _chunk_blocks(shape: PagedShape, element_size: int) -> int:
+    """Blocks per chunk of the compiled decode: about ``COMPILED_CHUNK_TOKENS`` tokens, fewer for wide rows."""
+    row_bytes = shape.num_kv_heads * shape.head_dim * element_size
+    tokens = COMPILED_CHUNK_TOKENS if row_bytes <= COMPILED_WIDE_ROW_BYTES else COMPILED_WIDE_CHUNK_TOKENS
+    return max(1, round(tokens / shape.block_size))
+
+
 def _chunk_plan(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int, chunk_blocks: int):
     """Cut every sequence into chunks of ``chunk_blocks`` blocks: the index tensors ``_chunked_decode_graph`` reads.
 
@@ -481,25 +497,25 @@ def _chunk_plan(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: 
     One extra one-token sequence (block 0, its result dropped) and one extra
     padding column keep every dynamic size at least 2: torch.compile
     specialises sizes 0 and 1, and would compile again for a single sequence.
+    Computed in numpy (CPU tensors only): these are a few dozen small arrays, and
+    numpy's per-call cost is a fraction of torch's, which a small decode call feels.
     """
-    device = block_tables.device
-    block_tables = torch.cat([block_tables, block_tables.new_zeros((1, block_tables.shape[1]))])
-    lens = torch.cat([seq_lens.to(torch.int64), torch.ones(1, dtype=torch.int64, device=device)])
+    tables = block_tables.numpy().astype(np.int64, copy=False)
+    lens = np.append(seq_lens.numpy().astype(np.int64, copy=False), 1)
+    tables = np.concatenate([tables, np.zeros((1, tables.shape[1]), dtype=np.int64)])
     n_blocks = (lens + block_size - 1) // block_size
     n_chunks = (n_blocks + chunk_blocks - 1) // chunk_blocks
-    chunk_seq = torch.repeat_interleave(torch.arange(lens.numel(), device=device), n_chunks)
-    first = torch.cumsum(n_chunks, 0) - n_chunks
-    index = torch.arange(chunk_seq.numel(), device=device) - first[chunk_seq]
-    cols = index[:, None] * chunk_blocks + torch.arange(chunk_blocks, device=device)[None, :]
-    cols = torch.minimum(cols, (n_blocks[chunk_seq] - 1)[:, None])
-    chunk_table = block_tables.to(torch.int64)[chunk_seq[:, None], cols]
-    chunk_valid = torch.clamp(
-        lens[chunk_seq] - index * chunk_blocks * block_size, max=chunk_blocks * block_size
-    )
-    slot = torch.arange(int(n_chunks.max()) + 1, device=device)[None, :]
-    seq_chunks = torch.minimum(first[:, None] + slot, (first + n_chunks - 1)[:, None])
+    chunk_seq = np.repeat(np.arange(lens.size), n_chunks)
+    first = np.cumsum(n_chunks) - n_chunks
+    index = np.arange(chunk_seq.size) - first[chunk_seq]
+    cols = index[:, None] * chunk_blocks + np.arange(chunk_blocks)[None, :]
+    cols = np.minimum(cols, (n_blocks[chunk_seq] - 1)[:, None])
+    chunk_table = tables[chunk_seq[:, None], cols]
+    chunk_valid = np.minimum(lens[chunk_seq] - index * chunk_blocks * block_size, chunk_blocks * block_size)
+    slot = np.arange(int(n_chunks.max()) + 1)[None, :]
+    seq_chunks = np.minimum(first[:, None] + slot, (first + n_chunks - 1)[:, None])
     used = slot < n_chunks[:, None]
-    return chunk_table, chunk_seq, chunk_valid, seq_chunks, used
+    return tuple(torch.from_numpy(a) for a in (chunk_table, chunk_seq, chunk_valid, seq_chunks, used))
 
 
 def compiled_decode(query, key_cache, value_cache, block_tables, seq_lens, scale, shape: PagedShape):
@@ -517,21 +533,23 @@ def compiled_decode(query, key_cache, value_cache, block_tables, seq_lens, scale
             COMPILED.failure = "torch.compile needs inductor and a C++ compiler (g++ or clang++)"
             return None
         COMPILED.fn = torch.compile(_chunked_decode_graph, fullgraph=True, options=COMPILE_OPTIONS)
-    chunk_blocks = max(1, COMPILED_CHUNK_TOKENS // shape.block_size)
-    plan = _chunk_plan(block_tables, seq_lens, shape.block_size, chunk_blocks)
-    q = torch.cat(
-        [query.to(torch.float32) * scale, query.new_zeros((1, *query.shape[1:]), dtype=torch.float32)]
+    plan = _chunk_plan(
+        block_tables, seq_lens, shape.block_size, _chunk_blocks(shape, key_cache.element_size())
     )
-    q = q.view(shape.num_seqs + 1, shape.num_kv_heads, shape.group, shape.head_dim)
+    q = torch.empty(
+        (shape.num_seqs + 1, shape.num_kv_heads, shape.group, shape.head_dim), dtype=torch.float32
+    )  # the queries, scaled, and one zero row for the extra one-token sequence
+    q[:-1].copy_(query.reshape(shape.num_seqs, *q.shape[1:])).mul_(scale)  # scaled in float32
+    q[-1].zero_()
     args = (q, key_cache, value_cache, *plan)
     for tensor, dims in zip(args, ((0,), (0,), (0,), (0,), (0,), (0,), (0, 1), (0, 1)), strict=True):
         for dim in dims:
             torch._dynamo.maybe_mark_dynamic(tensor, dim)
-    try:
-        with (
-            torch.no_grad(),
-            torch._dynamo.config.patch(fail_on_recompile_limit_hit=True, recompile_limit=64),
-        ):
+    config = torch._dynamo.config
+    saved = config.fail_on_recompile_limit_hit, config.recompile_limit
+    try:  # set and restored by hand: config.patch costs a context manager's setup on every call
+        config.fail_on_recompile_limit_hit, config.recompile_limit = True, 64
+        with torch.no_grad():
             out = COMPILED.fn(*args)
     except Exception as exc:  # noqa: BLE001 - any compiler failure: say so once, then run the walk
         if "recompile" in type(exc).__name__.lower():
@@ -547,6 +565,8 @@ def compiled_decode(query, key_cache, value_cache, block_tables, seq_lens, scale
             stacklevel=4,
         )
         return None
+    finally:
+        config.fail_on_recompile_limit_hit, config.recompile_limit = saved
     COMPILED.kinds.add(kind)
     return out[:-1].reshape(shape.num_seqs, shape.num_heads, shape.head_dim).to(query.dtype)
 

@@ -209,6 +209,46 @@ def test_compiled_decode_on_new_batches_of_one_kind(compiled_for_every_size):
     assert attention.COMPILED.failure is None
 
 
+@needs_compiler
+@pytest.mark.slow
+def test_compiled_decode_with_wide_rows_and_a_strided_query(compiled_for_every_size):
+    """Rows past COMPILED_WIDE_ROW_BYTES take shorter chunks (3 blocks of 16 here); a non-contiguous query is fine."""
+    q, kc, vc, bt, sl, keys, values = make_case([1, 47, 48, 49, 200], 16, 16, 1, head_dim=128, seed=9)
+    shape, _ = check_decode_args(q, kc, vc, bt, sl, None)
+    assert attention._chunk_blocks(shape, kc.element_size()) == 3
+    strided = torch.cat([q, q], dim=-1)[..., :128]  # the same values, every row twice as far apart
+    assert not strided.is_contiguous()
+    out = paged_attention(strided, kc, vc, bt, sl, impl="torch")
+    torch.testing.assert_close(out.double(), dense_f64(q, keys, values), atol=1e-5, rtol=0)
+    assert (torch.float32, 16, 16, 1, 128) in attention.COMPILED.kinds
+
+
+@needs_compiler
+@pytest.mark.slow
+def test_the_compiled_decode_leaves_dynamo_s_settings_as_it_found_them(compiled_for_every_size):
+    """It raises dynamo's recompile limit for its own call only: a user's torch.compile keeps its settings."""
+    config = torch._dynamo.config
+    before = config.fail_on_recompile_limit_hit, config.recompile_limit
+    q, kc, vc, bt, sl, keys, values = make_case([30, 70], 16, 2, 4, seed=11)
+    paged_attention(q, kc, vc, bt, sl, impl="torch")
+    assert (config.fail_on_recompile_limit_hit, config.recompile_limit) == before
+
+
+def test_the_chunk_plan_covers_every_token_once_from_any_integer_table():
+    """Every sequence's blocks, in order, each once, whatever the table's integer dtype; nothing past the end."""
+    lens = [1, 16, 17, 95, 200]
+    for dtype in (torch.uint8, torch.int16, torch.int32, torch.int64):
+        q, kc, vc, bt, sl, keys, values = make_case(lens, 16, 2, 4, seed=2)
+        bt = torch.where(bt < kc.shape[0], bt, 0).to(dtype)
+        table, seq, valid, seq_chunks, used = attention._chunk_plan(bt, sl, 16, 3)
+        for s, n in enumerate(lens):
+            chunks = seq_chunks[s][used[s]].tolist()
+            assert [int(seq[c]) for c in chunks] == [s] * len(chunks)
+            blocks = [int(b) for c in chunks for b in table[c][: -(-int(valid[c]) // 16)]]
+            assert blocks == bt[s, : -(-n // 16)].tolist()
+            assert sum(int(valid[c]) for c in chunks) == n
+
+
 def test_small_calls_and_float64_run_the_walk_without_compiling(monkeypatch):
     fresh = CompiledDecode()
     monkeypatch.setattr(attention, "COMPILED", fresh)
