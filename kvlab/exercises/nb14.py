@@ -263,7 +263,7 @@ def merge_partials(answer: Any, cases: list[tuple[str, tuple[Any, ...], Any]]) -
     return (
         "It equals attention over the whole sequence on every batch, large scores included: this is how a "
         "split-K kernel (one that splits a sequence's keys and values into pieces worked on in parallel, as "
-        "flash-decoding does) combines its pieces; kvlab's compiled CPU kernel merges its 32-token chunks and "
+        "flash-decoding does) combines its pieces; kvlab's compiled CPU kernel merges its chunks of 48 or 64 tokens and "
         "the Triton kernel its split path the same way."
     )
 
