@@ -191,6 +191,11 @@ def check_cache(key_cache: object, value_cache: object) -> tuple[torch.Tensor, t
         )
     if min(kc.shape) < 1:
         raise InvalidArgumentError(f"key_cache has an empty dimension: shape {tuple(kc.shape)}")
+    for name, t in (("key_cache", kc), ("value_cache", vc)):
+        if t.is_neg():  # its values are the negated memory: a compiled kernel would read the memory as it is
+            raise InvalidArgumentError(
+                f"{name} is a negated view (torch._neg_view): pass a plain tensor, {name}.resolve_neg()"
+            )
     return kc, vc
 
 
@@ -317,6 +322,7 @@ def paged_attention(
         )
     if shape.num_seqs == 0:
         return query.new_empty(query.shape)
+    query = query.resolve_neg()  # a negated view (torch._neg_view) as plain values: kernels read raw memory
     if impl == "reference":
         return _reference_decode(query, key_cache, value_cache, block_tables, seq_lens, scale_, shape)
     if impl == "torch":
@@ -500,8 +506,9 @@ def _chunk_plan(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: 
     Computed in numpy (CPU tensors only): these are a few dozen small arrays, and
     numpy's per-call cost is a fraction of torch's, which a small decode call feels.
     """
-    tables = block_tables.numpy().astype(np.int64, copy=False)
-    lens = np.append(seq_lens.numpy().astype(np.int64, copy=False), 1)
+    # resolve_neg: a tensor with its negative bit set (torch._neg_view) holds its values only logically
+    tables = block_tables.resolve_neg().numpy().astype(np.int64, copy=False)
+    lens = np.append(seq_lens.resolve_neg().numpy().astype(np.int64, copy=False), 1)
     tables = np.concatenate([tables, np.zeros((1, tables.shape[1]), dtype=np.int64)])
     n_blocks = (lens + block_size - 1) // block_size
     n_chunks = (n_blocks + chunk_blocks - 1) // chunk_blocks

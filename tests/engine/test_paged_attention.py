@@ -14,6 +14,7 @@ from kvlab.engine.attention import (  # noqa: E402
     check_decode_args,
     compile_available,
     compiled_decode,
+    flex_available,
 )
 from kvlab.errors import InvalidArgumentError  # noqa: E402
 
@@ -241,6 +242,11 @@ def test_the_chunk_plan_covers_every_token_once_from_any_integer_table():
         q, kc, vc, bt, sl, keys, values = make_case(lens, 16, 2, 4, seed=2)
         bt = torch.where(bt < kc.shape[0], bt, 0).to(dtype)
         table, seq, valid, seq_chunks, used = attention._chunk_plan(bt, sl, 16, 3)
+        if dtype == torch.int64:  # the same values held through a negative view: read as the values it shows
+            negated = attention._chunk_plan(torch._neg_view(-bt), torch._neg_view(-sl), 16, 3)
+            assert all(
+                torch.equal(a, b) for a, b in zip(negated, (table, seq, valid, seq_chunks, used), strict=True)
+            )
         for s, n in enumerate(lens):
             chunks = seq_chunks[s][used[s]].tolist()
             assert [int(seq[c]) for c in chunks] == [s] * len(chunks)
@@ -457,3 +463,28 @@ def test_write_kv_cache_rejects_slots_outside_the_pool():
     with pytest.raises(InvalidArgumentError, match="one per token"):
         write_kv_cache(torch.ones(2, 1, 8), torch.ones(2, 1, 8), kc, kc.clone(), torch.tensor([1]))
     assert not kc.any()
+
+
+@pytest.mark.parametrize("which", ["key_cache", "value_cache"])
+def test_a_negated_view_of_the_cache_is_refused_everywhere(which):
+    """torch._neg_view holds the negated values only logically; a compiled kernel would read the raw memory."""
+    q, kc, vc, bt, sl, keys, values = make_case([20, 5], 16, 2, 4)
+    caches = {"key_cache": kc, "value_cache": vc}
+    caches[which] = torch._neg_view(-caches[which])
+    kc2, vc2 = caches["key_cache"], caches["value_cache"]
+    for impl in ("reference", "torch"):
+        with pytest.raises(InvalidArgumentError, match=f"{which} is a negated view"):
+            paged_attention(q, kc2, vc2, bt, sl, impl=impl)
+    with pytest.raises(InvalidArgumentError, match="negated view"):
+        write_kv_cache(torch.zeros(1, 2, 32), torch.zeros(1, 2, 32), kc2, vc2, torch.tensor([0]))
+
+
+def test_a_negated_view_of_the_query_or_the_tables_gives_the_same_answer():
+    """Only the caches are refused as negated views; a query or table held that way is read as the values it shows."""
+    q, kc, vc, bt, sl, keys, values = make_case([20, 5], 16, 2, 4)
+    expected = paged_attention(q, kc, vc, bt, sl, impl="reference")
+    neg_q, neg_bt, neg_sl = torch._neg_view(-q), torch._neg_view(-bt.long()), torch._neg_view(-sl.long())
+    impls = ["reference", "torch"] + (["flex"] if flex_available() else [])
+    for impl in impls:
+        out = paged_attention(neg_q, kc, vc, neg_bt, neg_sl, impl=impl)
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=0)
