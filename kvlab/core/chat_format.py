@@ -210,9 +210,7 @@ def as_messages(messages: Iterable[Message | Mapping[str, str]]) -> list[Message
     out: list[Message] = []
     for i, m in enumerate(items):
         if isinstance(m, Mapping):
-            if set(m) != {"role", "content"}:
-                raise InvalidArgumentError(f"messages[{i}] must have exactly the keys 'role' and 'content'")
-            role, content = m["role"], m["content"]
+            role, content = _role_and_content(i, m)
         elif isinstance(m, Message):
             role, content = m.role, m.content
         else:
@@ -224,6 +222,20 @@ def as_messages(messages: Iterable[Message | Mapping[str, str]]) -> list[Message
             )
         )
     return out
+
+
+def _role_and_content(i: int, m: Mapping[str, str]) -> tuple[object, object]:
+    """A message dict's two fields, read at most three keys deep: a mapping's own iteration or lookup may raise or never end."""
+    try:
+        keys = set(islice(iter(m), 3))
+        if keys == {"role", "content"}:
+            return m["role"], m["content"]
+    except Exception:  # a mapping subclass whose iteration or lookup raises
+        raise InvalidArgumentError(
+            f"messages[{i}] could not be read as a dict ({type(m).__name__}); pass a plain dict "
+            "with 'role' and 'content'"
+        ) from None
+    raise InvalidArgumentError(f"messages[{i}] must have exactly the keys 'role' and 'content'")
 
 
 def render_text(

@@ -9,6 +9,7 @@ from kvlab.core.chat_format import (
     SPECIAL_TOKENS,
     Message,
     Tokenizer,
+    as_messages,
     render,
     render_text,
     reply_tokens,
@@ -132,3 +133,35 @@ def test_bad_inputs_raise_clear_errors_and_leave_the_tokenizer_unchanged(call):
         call(tok)
     assert str(exc.value)
     assert tok._pieces == before
+
+
+class _RaisingKeys(dict):
+    def __iter__(self):
+        raise RuntimeError("no keys for you")
+
+
+class _EndlessKeys(dict):
+    def __iter__(self):
+        n = 0
+        while True:
+            n += 1
+            yield f"k{n}"
+
+
+class _RaisingLookup(dict):
+    def __getitem__(self, key):
+        raise KeyError(key)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        _RaisingKeys(role="user", content="hi"),
+        _EndlessKeys(role="user", content="hi"),
+        _RaisingLookup(role="user", content="hi"),
+    ],
+)
+def test_a_message_dict_whose_keys_or_lookup_misbehave_is_refused_with_kvlab_s_error(message):
+    """A dict subclass that raises, or lists keys without end, is refused; none of it runs unbounded."""
+    with pytest.raises(InvalidArgumentError, match=r"messages\[0\]"):
+        as_messages([message])
