@@ -139,6 +139,11 @@ def kv_bytes(answer: int) -> str:
         raise NotYet(
             "The cache keeps the 2 KV heads, not the 8 query heads: that is what grouped-query attention saves."
         )
+    if answer == SEQ_TOKENS * per_token * config.num_heads // config.num_kv_heads:
+        raise NotYet(
+            "Two slips: the cache keeps the 2 KV heads, not the 8 query heads, and it holds whole 16-token "
+            "blocks, not exactly 1,000 tokens."
+        )
     raise NotYet(f"{answer:,} bytes is not what a KV pool holding this sequence's blocks takes.")
 
 

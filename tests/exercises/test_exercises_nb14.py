@@ -35,6 +35,7 @@ def test_14_2_kv_bytes():
     assert "both the key and the value" in ex.check("14.2", 63 * 16 * per_token // 2).message
     assert "one layer's share" in ex.check("14.2", 63 * 16 * per_token // 4).message
     assert "query heads" in ex.check("14.2", 63 * 16 * per_token * 4).message
+    assert "Two slips" in ex.check("14.2", 1000 * per_token * 4).message
 
 
 def test_14_3_merge():
