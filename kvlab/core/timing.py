@@ -47,10 +47,12 @@ def _quartiles(values: tuple[float, ...]) -> tuple[float, float, float]:
 def _check_samples(name: str, values: object) -> tuple[float, ...]:
     if isinstance(values, (str, bytes)) or not isinstance(values, (tuple, list)):
         raise InvalidArgumentError(f"{name} must be a tuple or list of milliseconds, got {brief(values)}")
-    if not 0 < len(values) <= MAX_REPEATS:
-        raise InvalidArgumentError(f"{name} must hold 1 to {MAX_REPEATS:,} samples, got {len(values)}")
+    base = tuple if isinstance(values, tuple) else list  # read through the base type: a subclass may lie
+    count = base.__len__(values)
+    if not 0 < count <= MAX_REPEATS:
+        raise InvalidArgumentError(f"{name} must hold 1 to {MAX_REPEATS:,} samples, got {count}")
     out = []
-    for v in values:
+    for v in base.__iter__(values):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
             raise InvalidArgumentError(f"{name} must hold finite times of at least 0 ms, got {brief(v)}")
         out.append(float(v))

@@ -143,6 +143,10 @@ class PagedShape:
 def _check_tensor(name: str, value: object, ndim: int, what: str) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
         raise InvalidArgumentError(f"{name} must be a torch.Tensor {what}, got {type(value).__name__}")
+    if value.layout != torch.strided:
+        raise InvalidArgumentError(f"{name} is a {value.layout} tensor: pass a dense one ({name}.to_dense())")
+    if value.device.type == "meta":
+        raise InvalidArgumentError(f"{name} is on the meta device, which holds no values: pass a real tensor")
     if value.dim() != ndim:
         raise InvalidArgumentError(
             f"{name} must have {ndim} dimensions {what}, got shape {tuple(value.shape)}"
@@ -192,6 +196,10 @@ def check_cache(key_cache: object, value_cache: object) -> tuple[torch.Tensor, t
     if min(kc.shape) < 1:
         raise InvalidArgumentError(f"key_cache has an empty dimension: shape {tuple(kc.shape)}")
     for name, t in (("key_cache", kc), ("value_cache", vc)):
+        if t.requires_grad:
+            raise InvalidArgumentError(
+                f"{name} requires grad; kvlab's paged attention is for inference: pass {name}.detach()"
+            )
         if t.is_neg():  # its values are the negated memory: a compiled kernel would read the memory as it is
             raise InvalidArgumentError(
                 f"{name} is a negated view (torch._neg_view): pass a plain tensor, {name}.resolve_neg()"
@@ -233,6 +241,7 @@ def _check_tables(
             f"sequence {seq} has {high} tokens but its block table holds {bt.shape[1]} blocks of {block_size} "
             f"= {capacity} tokens: widen block_tables or shorten the sequence"
         )
+    bt = bt[:, : cdiv(high, block_size)]  # the columns past the longest sequence are never read
     used = (
         torch.arange(bt.shape[1], device=device)[None, :] < ((lens + block_size - 1) // block_size)[:, None]
     )
@@ -320,9 +329,19 @@ def paged_attention(
         raise InvalidArgumentError(
             "impl='triton' takes float16, bfloat16 or float32, not float64; use impl='torch'"
         )
-    if shape.num_seqs == 0:
+    if query.requires_grad:
+        raise InvalidArgumentError(
+            "query requires grad; kvlab's paged attention is for inference: pass query.detach()"
+        )
+    if query.dtype != torch.float64 and scale_ > torch.finfo(torch.float32).max:
+        raise InvalidArgumentError(
+            f"scale {scale_:g} is past float32's range, where {query.dtype} queries are computed: "
+            "use a smaller scale (1/sqrt(head_dim) is usual) or float64"
+        )
+    if shape.num_seqs == 0 or shape.num_heads == 0:
         return query.new_empty(query.shape)
     query = query.resolve_neg()  # a negated view (torch._neg_view) as plain values: kernels read raw memory
+    block_tables = block_tables[:, : shape.max_blocks_per_seq]  # the columns any sequence reaches
     if impl == "reference":
         return _reference_decode(query, key_cache, value_cache, block_tables, seq_lens, scale_, shape)
     if impl == "torch":
@@ -389,7 +408,9 @@ def _torch_decode(query, key_cache, value_cache, block_tables, seq_lens, scale, 
     (``_batched_decode``) are exact too but never won against the walk at one
     thread; the benchmark times all three.
     """
-    if _compiled_decode_applies(query, key_cache, value_cache, seq_lens, shape):
+    if _compiled_decode_applies(query, key_cache, value_cache, seq_lens, shape) and _unwritten_values_finite(
+        value_cache, block_tables, seq_lens, shape
+    ):
         out = compiled_decode(query, key_cache, value_cache, block_tables, seq_lens, scale, shape)
         if out is not None:
             return out
@@ -478,6 +499,8 @@ def _chunked_decode_graph(
     chunk_max = scores.amax(dim=(1, 2))  # [C, kv, group]
     weights = torch.exp(scores - chunk_max[:, None, None])
     chunk_sum = weights.sum(dim=(1, 2))
+    # slots past a sequence's end get weight 0 here, so they must hold finite values (0 * nan is nan):
+    # _torch_decode sends a call whose unwritten slots hold nan or inf to the walk, which zeroes them
     chunk_out = (weights[..., None] * values[:, :, :, :, None, :]).sum(dim=(1, 2))  # [C, kv, group, head_dim]
     maxima = torch.where(
         used[:, :, None, None], chunk_max[seq_chunks], float("-inf")
@@ -751,7 +774,10 @@ def _torch_walk(
             alpha = torch.sub(m, m_new).exp_()  # rescales what earlier tiles summed (0 before the first)
             l_sum.mul_(alpha).add_(p.sum(dim=-1, keepdim=True))
             torch.index_select(value_cache, 0, ids, out=v_buf)
-            v = v_buf.view(width * bs, hkv, dim).to(work)
+            v = v_buf.view(width * bs, hkv, dim)
+            if valid < width * bs:  # never-written slots may hold nan: 0 * nan would poison the sum
+                v[valid:] = 0
+            v = v.to(work)
             acc.mul_(alpha).baddbmm_(p, v.transpose(0, 1))  # [hkv, group, dim]
             m = m_new
         out[s] = acc / l_sum
@@ -881,6 +907,42 @@ def _flex_call(kind: tuple[torch.dtype, int] | None, *args, **kwargs) -> torch.T
     return out
 
 
+def _unwritten_nonfinite(value_cache, block_tables, seq_lens, shape: PagedShape) -> torch.Tensor:
+    """[sequences with a partial last block, slots]: True where a slot past the end holds nan or inf.
+
+    Those slots were never written (a fresh pool is ``torch.empty`` memory). A kernel that
+    weighs them by 0 still gets nan from them (0 * nan is nan); vLLM's kernel zeroes the last
+    block's values past the context length for this reason. Only each sequence's last block
+    is read: one block per sequence.
+    """
+    lens = seq_lens.to(torch.int64)
+    tail = lens % shape.block_size
+    partial = (tail > 0).nonzero()[:, 0]
+    last = block_tables.to(torch.int64)[partial, (lens[partial] - 1) // shape.block_size]
+    slots = torch.arange(shape.block_size, device=lens.device)[None, :] >= tail[partial][:, None]
+    return slots & ~torch.isfinite(value_cache[last]).flatten(2).all(dim=2)
+
+
+def _unwritten_values_finite(value_cache, block_tables, seq_lens, shape: PagedShape) -> bool:
+    """Whether every slot past a sequence's end in its last block holds a finite value."""
+    return not bool(_unwritten_nonfinite(value_cache, block_tables, seq_lens, shape).any())
+
+
+def _check_unwritten_values(value_cache, block_tables, seq_lens, shape: PagedShape) -> None:
+    """Refuse nan or inf in the slots past each sequence's end in its last block, which flex weighs by 0."""
+    bad = _unwritten_nonfinite(value_cache, block_tables, seq_lens, shape)
+    if bool(bad.any()):
+        lens = seq_lens.to(torch.int64)
+        partial = (lens % shape.block_size > 0).nonzero()[:, 0]
+        last = block_tables.to(torch.int64)[partial, (lens[partial] - 1) // shape.block_size]
+        row, slot = (int(x) for x in bad.nonzero()[0])
+        raise InvalidArgumentError(
+            f"value_cache block {int(last[row])} holds nan or inf in slot {slot}, past the end of sequence "
+            f"{int(partial[row])}: impl='flex' weighs such slots by 0, and 0 * nan is nan; zero the unwritten "
+            "slots, or use impl='torch'"
+        )
+
+
 def flex_decode(
     query, key_cache, value_cache, block_tables, seq_lens, scale, shape: PagedShape, *, compiled=None
 ):
@@ -895,8 +957,16 @@ def flex_decode(
     if compiled is None:
         compiled = flex_mode(query.dtype, shape.block_size) == "compiled"
     tokens = shape.num_blocks * shape.block_size
-    k = key_cache.view(1, tokens, shape.num_kv_heads, shape.head_dim).transpose(1, 2)
-    v = value_cache.view(1, tokens, shape.num_kv_heads, shape.head_dim).transpose(1, 2)
+    try:
+        k = key_cache.view(1, tokens, shape.num_kv_heads, shape.head_dim).transpose(1, 2)
+        v = value_cache.view(1, tokens, shape.num_kv_heads, shape.head_dim).transpose(1, 2)
+    except RuntimeError:
+        raise InvalidArgumentError(
+            "impl='flex' reads the pool as one run of tokens, and these caches' strides do not allow that "
+            "view (a permuted or expanded cache): pass key_cache.contiguous() and value_cache.contiguous(), "
+            "or use impl='torch'"
+        ) from None
+    _check_unwritten_values(value_cache, block_tables, seq_lens, shape)
     # grouped: each KV head's query heads are the query rows of one attention over that head's keys, so a
     # block of keys is read once per KV head, not once per query head (decode is exact this way)
     q = query.view(shape.num_seqs, shape.num_kv_heads, shape.group, shape.head_dim)

@@ -195,6 +195,21 @@ def per_turn_figure(
     return go.Figure({"data": data, "layout": layout})
 
 
+def _plain_timing(label: str, timing: Any) -> Any:
+    """A Timing's own samples again as a plain Timing, checked as it is built: a subclass cannot lie in its quartiles."""
+    from kvlab.core.timing import Timing
+
+    try:
+        fields = object.__getattribute__(timing, "__dict__")
+        return Timing(dict.get(fields, "wall_ms"), dict.get(fields, "cpu_ms"))
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(f"{label}: {exc}") from None
+    except Exception:  # no instance dict, or one that cannot be read
+        raise InvalidArgumentError(
+            f"{label} is not a readable Timing: build it with kvlab.core.timing"
+        ) from None
+
+
 def timing_per_turn_figure(series: Mapping[str, Any], *, y_title: str, title: str) -> go.Figure:
     """One line of medians per series over turns, each point with its interquartile range as an error bar.
 
@@ -205,6 +220,8 @@ def timing_per_turn_figure(series: Mapping[str, Any], *, y_title: str, title: st
     """
     from kvlab.core.timing import Timing
 
+    if title is None:
+        raise InvalidArgumentError("title must be text: say what was timed and where")
     pairs = _named_values(series, "series of timings")
     medians: dict[str, list[float]] = {}
     bars: dict[str, tuple[list[float], list[float]]] = {}
@@ -219,6 +236,7 @@ def timing_per_turn_figure(series: Mapping[str, Any], *, y_title: str, title: st
                 raise InvalidArgumentError(
                     f"{name}[{i}] must be a kvlab.core.timing.Timing (what measure returns), got {brief(t)}"
                 )
+        timings = [_plain_timing(f"{name}[{i}]", t) for i, t in enumerate(timings)]
         medians[name] = [t.median_ms for t in timings]
         bars[name] = ([t.q3_ms - t.median_ms for t in timings], [t.median_ms - t.q1_ms for t in timings])
     fig = per_turn_figure(medians, y_title=y_title, title=title)
