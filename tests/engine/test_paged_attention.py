@@ -479,8 +479,9 @@ def test_a_negated_view_of_the_cache_is_refused_everywhere(which):
         write_kv_cache(torch.zeros(1, 2, 32), torch.zeros(1, 2, 32), kc2, vc2, torch.tensor([0]))
 
 
-def test_a_negated_view_of_the_query_or_the_tables_gives_the_same_answer():
+def test_a_negated_view_of_the_query_or_the_tables_gives_the_same_answer(monkeypatch):
     """Only the caches are refused as negated views; a query or table held that way is read as the values it shows."""
+    monkeypatch.setattr(attention, "FLEX_BACKEND", attention.FlexBackend())  # a compile failure stays here
     q, kc, vc, bt, sl, keys, values = make_case([20, 5], 16, 2, 4)
     expected = paged_attention(q, kc, vc, bt, sl, impl="reference")
     neg_q, neg_bt, neg_sl = torch._neg_view(-q), torch._neg_view(-bt.long()), torch._neg_view(-sl.long())
