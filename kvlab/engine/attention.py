@@ -22,8 +22,8 @@ Implementations (``impl=``):
   attention in float64: slow, obviously right, the oracle the others are tested against.
 * ``"torch"`` (decode) on the CPU, for a call that reads at least
   ``COMPILED_MIN_BYTES`` of K and V, runs a kernel that ``torch.compile``
-  (inductor) generates in C++: every sequence is cut into chunks of about 32
-  tokens, the scores are an elementwise product summed over head_dim, so each
+  (inductor) generates in C++: every sequence is cut into chunks of 64 tokens
+  (48 for wide rows), the scores are an elementwise product summed over head_dim, so each
   key row is loaded through the block table inside that vectorised sum and no
   gathered copy exists (values likewise in the weighted sum), each chunk gets
   its own max, sum and output, and a sequence's chunks are merged exactly by
