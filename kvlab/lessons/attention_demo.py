@@ -698,10 +698,7 @@ def cold_turns_line(runs: dict[str, list[ChatTurnResult]]) -> str:
     head = (
         f"turn 1 prefills all {sizes[0]:,} prompt tokens in every mode: " if len(sizes) == 1 else "turn 1: "
     )
-    widths = ", ".join(
-        f"{mode} {100 * (t.q3_ms - t.q1_ms) / t.median_ms if t.median_ms else 0:.0f}%"
-        for mode, t in cold.items()
-    )
+    widths = ", ".join(f"{mode} {_percent(t)}" for mode, t in cold.items())
     if not apart:
         return head + (
             f"the three medians agree within their IQRs (no mode clearly faster); the IQRs are {widths} of "
@@ -717,6 +714,12 @@ def cold_turns_line(runs: dict[str, list[ChatTurnResult]]) -> str:
         f"{a} was clearly faster than {b} ({cold[b].ratio_to(cold[a]):.2f}x) on the same work: "
         "noise or a one-time cost fell on one mode; the comparisons below use the off mode's same turn"
     )
+
+
+def _percent(t: Timing) -> str:
+    """A timing's IQR as a share of its median: whole percents, one decimal below 1% (never a false 0%)."""
+    share = 100 * (t.q3_ms - t.q1_ms) / t.median_ms if t.median_ms else 0.0
+    return f"{share:.1f}%" if share < 1 else f"{share:.0f}%"
 
 
 def least_speedup(runs: dict[str, list[ChatTurnResult]], modes: Sequence[str] = ("slot", "blocks")) -> float:

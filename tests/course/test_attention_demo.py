@@ -268,3 +268,12 @@ def test_the_scattering_line_says_where_the_gap_to_sdpa_is():
     assert "lost nothing" in demo._scattering_line(same, ordered, ordered)
     near = Timing((0.93, 0.94, 0.92, 0.95), (1.0, 1.0, 1.0, 1.0))  # in-order about 1.07x SDPA, like small
     assert "cannot tell which of the two costs more" in demo._scattering_line(small, ordered, near)
+
+
+def test_an_iqr_under_one_percent_is_never_printed_as_zero():
+    """39.4-39.6 ms around 39.5 is a 0.5% spread: the cold-turn line says 0.5%, not 0%."""
+    from kvlab.core.timing import Timing
+    from kvlab.lessons.attention_demo import _percent
+
+    assert _percent(Timing((39.4, 39.4, 39.5, 39.6, 39.6), (1.0,) * 5)) == "0.5%"
+    assert _percent(Timing((10.0, 11.0, 12.0, 13.0, 14.0), (1.0,) * 5)) == "17%"
