@@ -408,8 +408,9 @@ def _torch_decode(query, key_cache, value_cache, block_tables, seq_lens, scale, 
     (``_batched_decode``) are exact too but never won against the walk at one
     thread; the benchmark times all three.
     """
-    if _compiled_decode_applies(query, key_cache, value_cache, seq_lens, shape) and _unwritten_values_finite(
-        value_cache, block_tables, seq_lens, shape
+    if (
+        _compiled_decode_applies(query, key_cache, value_cache, seq_lens, shape)
+        and _unwritten_nonfinite(value_cache, block_tables, seq_lens, shape) is None
     ):
         out = compiled_decode(query, key_cache, value_cache, block_tables, seq_lens, scale, shape)
         if out is not None:
@@ -907,8 +908,10 @@ def _flex_call(kind: tuple[torch.dtype, int] | None, *args, **kwargs) -> torch.T
     return out
 
 
-def _unwritten_nonfinite(value_cache, block_tables, seq_lens, shape: PagedShape) -> torch.Tensor:
-    """[sequences with a partial last block, slots]: True where a slot past the end holds nan or inf.
+def _unwritten_nonfinite(
+    value_cache, block_tables, seq_lens, shape: PagedShape
+) -> tuple[int, int, int] | None:
+    """The first (sequence, block, slot) past a sequence's end in its last block that holds nan or inf, if any.
 
     Those slots were never written (a fresh pool is ``torch.empty`` memory). A kernel that
     weighs them by 0 still gets nan from them (0 * nan is nan); vLLM's kernel zeroes the last
@@ -920,26 +923,22 @@ def _unwritten_nonfinite(value_cache, block_tables, seq_lens, shape: PagedShape)
     partial = (tail > 0).nonzero()[:, 0]
     last = block_tables.to(torch.int64)[partial, (lens[partial] - 1) // shape.block_size]
     slots = torch.arange(shape.block_size, device=lens.device)[None, :] >= tail[partial][:, None]
-    return slots & ~torch.isfinite(value_cache[last]).flatten(2).all(dim=2)
-
-
-def _unwritten_values_finite(value_cache, block_tables, seq_lens, shape: PagedShape) -> bool:
-    """Whether every slot past a sequence's end in its last block holds a finite value."""
-    return not bool(_unwritten_nonfinite(value_cache, block_tables, seq_lens, shape).any())
+    bad = (slots & ~torch.isfinite(value_cache[last]).flatten(2).all(dim=2)).nonzero()
+    if bad.numel() == 0:
+        return None
+    row, slot = (int(x) for x in bad[0])
+    return int(partial[row]), int(last[row]), slot
 
 
 def _check_unwritten_values(value_cache, block_tables, seq_lens, shape: PagedShape) -> None:
     """Refuse nan or inf in the slots past each sequence's end in its last block, which flex weighs by 0."""
-    bad = _unwritten_nonfinite(value_cache, block_tables, seq_lens, shape)
-    if bool(bad.any()):
-        lens = seq_lens.to(torch.int64)
-        partial = (lens % shape.block_size > 0).nonzero()[:, 0]
-        last = block_tables.to(torch.int64)[partial, (lens[partial] - 1) // shape.block_size]
-        row, slot = (int(x) for x in bad.nonzero()[0])
+    found = _unwritten_nonfinite(value_cache, block_tables, seq_lens, shape)
+    if found is not None:
+        seq, block, slot = found
         raise InvalidArgumentError(
-            f"value_cache block {int(last[row])} holds nan or inf in slot {slot}, past the end of sequence "
-            f"{int(partial[row])}: impl='flex' weighs such slots by 0, and 0 * nan is nan; zero the unwritten "
-            "slots, or use impl='torch'"
+            f"value_cache block {block} holds nan or inf in slot {slot}, past the end of sequence {seq}: "
+            "impl='flex' weighs such slots by 0, and 0 * nan is nan; zero the unwritten slots, or use "
+            "impl='torch'"
         )
 
 
