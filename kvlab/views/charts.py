@@ -14,6 +14,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from kvlab.core.timing import Timing
 from kvlab.errors import InvalidArgumentError, brief, check_bool, check_text
 from kvlab.views import theme
 from kvlab.views._common import (
@@ -195,10 +196,12 @@ def per_turn_figure(
     return go.Figure({"data": data, "layout": layout})
 
 
-def _plain_timing(label: str, timing: Any) -> Any:
+def _plain_timing(label: str, timing: object) -> Timing:
     """A Timing's own samples again as a plain Timing, checked as it is built: a subclass cannot lie in its quartiles."""
-    from kvlab.core.timing import Timing
-
+    if not isinstance(timing, Timing):
+        raise InvalidArgumentError(
+            f"{label} must be a kvlab.core.timing.Timing (what measure returns), got {brief(timing)}"
+        )
     try:
         fields = object.__getattribute__(timing, "__dict__")
         return Timing(dict.get(fields, "wall_ms"), dict.get(fields, "cpu_ms"))
@@ -218,8 +221,6 @@ def timing_per_turn_figure(series: Mapping[str, Any], *, y_title: str, title: st
     spread, and a reader should see whether two lines' ranges overlap before reading
     one as faster.
     """
-    from kvlab.core.timing import Timing
-
     if title is None:
         raise InvalidArgumentError("title must be text: say what was timed and where")
     pairs = _named_values(series, "series of timings")
@@ -230,13 +231,7 @@ def timing_per_turn_figure(series: Mapping[str, Any], *, y_title: str, title: st
             raise InvalidArgumentError(
                 f"{name}: expected a list of Timings, one per turn, got {brief(turns)}"
             )
-        timings = read_items(name, turns)
-        for i, t in enumerate(timings):
-            if not isinstance(t, Timing):
-                raise InvalidArgumentError(
-                    f"{name}[{i}] must be a kvlab.core.timing.Timing (what measure returns), got {brief(t)}"
-                )
-        timings = [_plain_timing(f"{name}[{i}]", t) for i, t in enumerate(timings)]
+        timings = [_plain_timing(f"{name}[{i}]", t) for i, t in enumerate(read_items(name, turns))]
         medians[name] = [t.median_ms for t in timings]
         bars[name] = ([t.q3_ms - t.median_ms for t in timings], [t.median_ms - t.q1_ms for t in timings])
     fig = per_turn_figure(medians, y_title=y_title, title=title)
