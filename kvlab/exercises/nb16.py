@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import math
 import random
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from kvlab.exercises.core import NotYet, Prediction, call, exercise, whole
@@ -190,7 +190,7 @@ class Traffic:
     capacity_blocks: int = 2400
 
     def options(self) -> dict[str, int]:
-        return {field.name: getattr(self, field.name) for field in fields(self)}
+        return asdict(self)
 
     def call(self) -> str:
         """The call that replays it, so a student can rerun the traffic that failed."""

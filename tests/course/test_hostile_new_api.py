@@ -11,10 +11,8 @@ limit, and no test allocates more than a few hundred MB.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
-import signal
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,40 +22,36 @@ import pytest
 from hostile import AlwaysEqual, BadRepr, LyingDict, LyingInt, LyingList, LyingStr, nested_list
 
 from kvlab.errors import LIMITS, InvalidArgumentError, KvlabError, raised_limits
+from kvlab.exercises.guard import TimeUp, deadline
 
 # ---------------------------------------------------------------- helpers
-
-
-class _TooSlow(Exception):
-    pass
 
 
 class _ReadTooFar(Exception):
     """A generator was read past kvlab's limit: the caller reads user input without a bound."""
 
 
-@contextlib.contextmanager
-def _alarm(seconds: float) -> Iterator[None]:
-    def fire(*_: object) -> None:
-        raise _TooSlow
-
-    previous = signal.signal(signal.SIGALRM, fire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+def _escaping(calls: dict[str, Callable[[], Any]]) -> dict[str, str]:
+    """The calls that end in a plain Python error (name -> its type), not kvlab's error or a result."""
+    escaped = {}
+    for name, call in calls.items():
+        try:
+            call()
+        except KvlabError:
+            continue
+        except Exception as exc:  # noqa: BLE001 - the finding
+            escaped[name] = type(exc).__name__
+    return escaped
 
 
 def _refused_quickly(call: Callable[[], Any], seconds: float = 2.0) -> None:
     """``call()`` is refused with kvlab's error (or finishes) within ``seconds``: never a hang."""
     try:
-        with _alarm(seconds):
+        with deadline(seconds):
             call()
     except KvlabError:
         return
-    except _TooSlow:
+    except TimeUp:
         pytest.fail(f"still running after {seconds} s: a size the user controls is not bounded")
 
 
@@ -313,14 +307,7 @@ def test_finding_09_a_huge_integer_reaches_an_f_string(swa_lesson, capsys):
     f-string or ``int()``, which raise Python's ValueError ("Exceeds the limit (4300 digits) for
     integer string conversion") instead of kvlab's error. Messages should show such values with
     ``brief`` (which describes them), and text read as a number should go through ``check_int_text``."""
-    escaped = {}
-    for name, call in _huge_int_calls(swa_lesson).items():
-        try:
-            call()
-        except KvlabError:
-            continue
-        except Exception as exc:  # noqa: BLE001 - the finding
-            escaped[name] = type(exc).__name__
+    escaped = _escaping(_huge_int_calls(swa_lesson))
     capsys.readouterr()
     assert not escaped, escaped
 
@@ -427,14 +414,7 @@ def test_finding_14_new_lesson_helpers_do_not_check_their_arguments(agent_runs, 
     KeyError, IndexError or the argument's own RuntimeError (each listed call below). Each should
     check its argument's type (as ``fleet._check_result`` and ``ex12._check_example`` do) and read
     containers with ``check_items`` / ``read_pairs``."""
-    escaped = {}
-    for name, call in _unvalidated_calls(agent_runs).items():
-        try:
-            call()
-        except KvlabError:
-            continue
-        except Exception as exc:  # noqa: BLE001 - the finding
-            escaped[name] = type(exc).__name__
+    escaped = _escaping(_unvalidated_calls(agent_runs))
     capsys.readouterr()
     assert not escaped, escaped
 
@@ -468,14 +448,7 @@ def test_finding_15_an_id_or_an_error_whose_repr_raises_escapes(capsys):
         "predict(LyingStr)": lambda: predict(LyingStr("15.1"), 1),
         "route_fleet(router raising)": lambda: capstone.route_fleet(bad_router, users=2, turns=1),
     }
-    escaped = {}
-    for name, call in calls.items():
-        try:
-            call()
-        except KvlabError:
-            continue
-        except Exception as exc:  # noqa: BLE001 - the finding
-            escaped[name] = type(exc).__name__
+    escaped = _escaping(calls)
     capsys.readouterr()
     assert not escaped, escaped
 

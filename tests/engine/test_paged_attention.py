@@ -96,14 +96,19 @@ def test_auto_is_torch_on_the_cpu_and_scale_is_used():
     torch.testing.assert_close(auto.double(), dense_f64(q, keys, values, scale=0.3), atol=1e-5, rtol=0)
 
 
-def test_shared_blocks_and_an_int64_table():
-    """Two sequences may share physical blocks (a prefix hit); a table may be int64."""
+def _check_shared_blocks_and_an_int64_table() -> None:
+    """Two sequences share physical blocks (a prefix hit) through an int64 table: still exact."""
     q, kc, vc, bt, sl, keys, values = make_case([40], 16, 2, 4)
     tables = torch.stack([bt[0], bt[0]]).to(torch.int64)
     query = torch.cat([q, q.flip(-1)])
     out = paged_attention(query, kc, vc, tables, torch.tensor([40, 20]), impl="torch")
     expected = dense_f64(query, [keys[0], keys[0][:20]], [values[0], values[0][:20]])
     torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=0)
+
+
+def test_shared_blocks_and_an_int64_table():
+    """Two sequences may share physical blocks (a prefix hit); a table may be int64."""
+    _check_shared_blocks_and_an_int64_table()
 
 
 @settings(max_examples=25, deadline=None)
@@ -201,12 +206,7 @@ def test_compiled_decode_on_new_batches_of_one_kind(compiled_for_every_size):
             atol=1e-5,
             rtol=0,
         )
-    q, kc, vc, bt, sl, keys, values = make_case([40], 16, 2, 4)
-    tables = torch.stack([bt[0], bt[0]]).to(torch.int64)
-    query = torch.cat([q, q.flip(-1)])
-    out = paged_attention(query, kc, vc, tables, torch.tensor([40, 20]), impl="torch")
-    expected = dense_f64(query, [keys[0], keys[0][:20]], [values[0], values[0][:20]])
-    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=0)
+    _check_shared_blocks_and_an_int64_table()
     assert attention.COMPILED.failure is None
 
 
