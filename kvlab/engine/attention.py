@@ -229,6 +229,9 @@ def _check_tables(
             raise InvalidArgumentError(f"{name} is on {t.device} but the cache is on {device}: move it there")
     if num_seqs == 0:
         return bt, sl
+    if device.type == "cpu":  # numpy's per-call cost is a fraction of torch's, which a decode step feels
+        high = _check_host_tables(bt, sl, block_size, num_blocks)
+        return bt[:, : cdiv(high, block_size)], sl
     lens = sl.to(torch.int64)
     low = int(lens.min())
     if low < 1:
@@ -236,11 +239,7 @@ def _check_tables(
     capacity = bt.shape[1] * block_size
     high = int(lens.max())
     if high > capacity:
-        seq = int(torch.argmax(lens))
-        raise InvalidArgumentError(
-            f"sequence {seq} has {high} tokens but its block table holds {bt.shape[1]} blocks of {block_size} "
-            f"= {capacity} tokens: widen block_tables or shorten the sequence"
-        )
+        _refuse_capacity(int(torch.argmax(lens)), high, bt.shape[1], block_size)
     bt = bt[:, : cdiv(high, block_size)]  # the columns past the longest sequence are never read
     used = (
         torch.arange(bt.shape[1], device=device)[None, :] < ((lens + block_size - 1) // block_size)[:, None]
@@ -249,11 +248,46 @@ def _check_tables(
     bad = used & ((table < 0) | (table >= num_blocks))
     if bool(bad.any()):
         seq, col = (int(x) for x in bad.nonzero()[0])
-        raise InvalidArgumentError(
-            f"block_tables[{seq}, {col}] = {int(table[seq, col])} is outside the pool of {num_blocks} blocks "
-            f"(valid ids 0..{num_blocks - 1})"
-        )
+        _refuse_block_id(seq, col, int(table[seq, col]), num_blocks)
     return bt, sl
+
+
+def host_ints(tensor: torch.Tensor) -> np.ndarray:
+    """A CPU integer tensor's values as int64 numpy (a negated view, torch._neg_view, resolved first)."""
+    return tensor.resolve_neg().numpy().astype(np.int64, copy=False)
+
+
+def _check_host_tables(bt: torch.Tensor, sl: torch.Tensor, block_size: int, num_blocks: int) -> int:
+    """``_check_tables``' value checks on CPU tensors, in numpy; returns the longest sequence's length."""
+    lens = host_ints(sl)
+    low = int(lens.min())
+    if low < 1:
+        raise InvalidArgumentError(f"seq_lens must be at least 1 (the new token is in the cache), got {low}")
+    capacity = bt.shape[1] * block_size
+    high = int(lens.max())
+    if high > capacity:
+        _refuse_capacity(int(lens.argmax()), high, bt.shape[1], block_size)
+    table = host_ints(bt[:, : cdiv(high, block_size)])
+    used = np.arange(table.shape[1])[None, :] < ((lens + block_size - 1) // block_size)[:, None]
+    bad = used & ((table < 0) | (table >= num_blocks))
+    if bad.any():
+        seq, col = (int(x) for x in np.argwhere(bad)[0])
+        _refuse_block_id(seq, col, int(table[seq, col]), num_blocks)
+    return high
+
+
+def _refuse_capacity(seq: int, tokens: int, columns: int, block_size: int) -> None:
+    raise InvalidArgumentError(
+        f"sequence {seq} has {tokens} tokens but its block table holds {columns} blocks of {block_size} "
+        f"= {columns * block_size} tokens: widen block_tables or shorten the sequence"
+    )
+
+
+def _refuse_block_id(seq: int, col: int, block: int, num_blocks: int) -> None:
+    raise InvalidArgumentError(
+        f"block_tables[{seq}, {col}] = {block} is outside the pool of {num_blocks} blocks "
+        f"(valid ids 0..{num_blocks - 1})"
+    )
 
 
 def check_decode_args(
@@ -466,7 +500,7 @@ def _compiled_decode_applies(query, key_cache, value_cache, seq_lens, shape: Pag
     ):
         return False
     per_token = 2 * shape.num_kv_heads * shape.head_dim * key_cache.element_size()
-    return int(seq_lens.to(torch.int64).sum()) * per_token >= COMPILED_MIN_BYTES
+    return int(host_ints(seq_lens).sum()) * per_token >= COMPILED_MIN_BYTES  # a CPU tensor: checked above
 
 
 def _chunked_decode_graph(
@@ -530,9 +564,8 @@ def _chunk_plan(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: 
     Computed in numpy (CPU tensors only): these are a few dozen small arrays, and
     numpy's per-call cost is a fraction of torch's, which a small decode call feels.
     """
-    # resolve_neg: a tensor with its negative bit set (torch._neg_view) holds its values only logically
-    tables = block_tables.resolve_neg().numpy().astype(np.int64, copy=False)
-    lens = np.append(seq_lens.resolve_neg().numpy().astype(np.int64, copy=False), 1)
+    tables = host_ints(block_tables)
+    lens = np.append(host_ints(seq_lens), 1)
     tables = np.concatenate([tables, np.zeros((1, tables.shape[1]), dtype=np.int64)])
     n_blocks = (lens + block_size - 1) // block_size
     n_chunks = (n_blocks + chunk_blocks - 1) // chunk_blocks
@@ -918,13 +951,23 @@ def _unwritten_nonfinite(
     block's values past the context length for this reason. Only each sequence's last block
     is read: one block per sequence.
     """
-    lens = seq_lens.to(torch.int64)
-    tail = lens % shape.block_size
-    partial = (tail > 0).nonzero()[:, 0]
-    last = block_tables.to(torch.int64)[partial, (lens[partial] - 1) // shape.block_size]
-    slots = torch.arange(shape.block_size, device=lens.device)[None, :] >= tail[partial][:, None]
-    bad = (slots & ~torch.isfinite(value_cache[last]).flatten(2).all(dim=2)).nonzero()
-    if bad.numel() == 0:
+    if seq_lens.device.type == "cpu":  # the index math in numpy: a decode step feels torch's per-op cost
+        lens = host_ints(seq_lens)
+        tail = lens % shape.block_size
+        partial = np.flatnonzero(tail)
+        if partial.size == 0:  # every last block is full: nothing past an end
+            return None
+        last = host_ints(block_tables)[partial, (lens[partial] - 1) // shape.block_size]
+        finite = torch.isfinite(value_cache[torch.from_numpy(last)]).flatten(2).all(dim=2).numpy()
+        bad = np.argwhere((np.arange(shape.block_size)[None, :] >= tail[partial][:, None]) & ~finite)
+    else:
+        lens = seq_lens.to(torch.int64)
+        tail = lens % shape.block_size
+        partial = (tail > 0).nonzero()[:, 0]
+        last = block_tables.to(torch.int64)[partial, (lens[partial] - 1) // shape.block_size]
+        slots = torch.arange(shape.block_size, device=lens.device)[None, :] >= tail[partial][:, None]
+        bad = (slots & ~torch.isfinite(value_cache[last]).flatten(2).all(dim=2)).nonzero()
+    if len(bad) == 0:
         return None
     row, slot = (int(x) for x in bad[0])
     return int(partial[row]), int(last[row]), slot
