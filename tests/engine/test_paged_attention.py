@@ -413,6 +413,23 @@ def test_table_entries_outside_the_pool_are_named():
             paged_attention(q, kc, vc, tables, sl)
 
 
+def test_tables_of_any_integer_dtype_and_layout_give_the_same_answer_and_the_same_refusals():
+    """The CPU checks read tables and lengths in numpy: strided views and small dtypes must read as they do in torch."""
+    q, kc, vc, bt, sl = good_case()
+    want = paged_attention(q, kc, vc, bt, sl, impl="reference")
+    for dtype in (torch.uint8, torch.int16, torch.int64):
+        strided = bt.to(dtype).t().contiguous().t()  # the same values, column-major
+        lens = torch.stack([sl.to(dtype), sl.to(dtype)], dim=1)[:, 0]  # a strided view of the lengths
+        for impl in ("reference", "torch"):
+            assert torch.allclose(paged_attention(q, kc, vc, strided, lens, impl=impl), want, atol=1e-5)
+        tables = strided.clone().t().contiguous().t()
+        tables[1, 2] = kc.shape[0]
+        with pytest.raises(InvalidArgumentError, match=rf"block_tables\[1, 2\] = {kc.shape[0]} is outside"):
+            paged_attention(q, kc, vc, tables, lens)
+        with pytest.raises(InvalidArgumentError, match="seq_lens must be at least 1"):
+            paged_attention(q, kc, vc, strided, lens * 0)
+
+
 def test_bad_impl_and_scale():
     q, kc, vc, bt, sl = good_case()
     with pytest.raises(InvalidArgumentError, match="unknown impl"):
