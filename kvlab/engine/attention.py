@@ -76,7 +76,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvlab.errors import InvalidArgumentError, cdiv
+from kvlab.errors import LIMITS, InvalidArgumentError, cdiv
 
 try:
     import torch
@@ -111,6 +111,9 @@ COMPILED_WIDE_CHUNK_TOKENS = 48
 COMPILED_WIDE_ROW_BYTES = 4 << 10
 COMPILED_MIN_BYTES = 8 << 20
 COMPILED_MAX_KINDS = 8
+# the table entries one call may read (the columns up to the longest sequence, every row): 16M, 128 MiB as
+# int64, past any real batch (256 sequences of 64k tokens in 1-token blocks)
+MAX_TABLE_ENTRIES = 1 << 24
 # inductor's C++ options: threads chosen at run time (torch.set_num_threads), fused multiply-adds
 COMPILE_OPTIONS = {
     "cpp.dynamic_threads": True,
@@ -236,10 +239,8 @@ def _check_tables(
     low = int(lens.min())
     if low < 1:
         raise InvalidArgumentError(f"seq_lens must be at least 1 (the new token is in the cache), got {low}")
-    capacity = bt.shape[1] * block_size
     high = int(lens.max())
-    if high > capacity:
-        _refuse_capacity(int(torch.argmax(lens)), high, bt.shape[1], block_size)
+    _check_reach(int(torch.argmax(lens)), high, bt.shape, block_size)
     bt = bt[:, : cdiv(high, block_size)]  # the columns past the longest sequence are never read
     used = (
         torch.arange(bt.shape[1], device=device)[None, :] < ((lens + block_size - 1) // block_size)[:, None]
@@ -263,10 +264,8 @@ def _check_host_tables(bt: torch.Tensor, sl: torch.Tensor, block_size: int, num_
     low = int(lens.min())
     if low < 1:
         raise InvalidArgumentError(f"seq_lens must be at least 1 (the new token is in the cache), got {low}")
-    capacity = bt.shape[1] * block_size
     high = int(lens.max())
-    if high > capacity:
-        _refuse_capacity(int(lens.argmax()), high, bt.shape[1], block_size)
+    _check_reach(int(lens.argmax()), high, bt.shape, block_size)
     table = host_ints(bt[:, : cdiv(high, block_size)])
     used = np.arange(table.shape[1])[None, :] < ((lens + block_size - 1) // block_size)[:, None]
     bad = used & ((table < 0) | (table >= num_blocks))
@@ -276,11 +275,30 @@ def _check_host_tables(bt: torch.Tensor, sl: torch.Tensor, block_size: int, num_
     return high
 
 
-def _refuse_capacity(seq: int, tokens: int, columns: int, block_size: int) -> None:
-    raise InvalidArgumentError(
-        f"sequence {seq} has {tokens} tokens but its block table holds {columns} blocks of {block_size} "
-        f"= {columns * block_size} tokens: widen block_tables or shorten the sequence"
-    )
+def _check_reach(seq: int, tokens: int, table_shape: torch.Size, block_size: int) -> None:
+    """Refuse a longest sequence past ``LIMITS.tokens`` or its table, or a table part too big to read.
+
+    Checked on the lengths alone, before any array the size of the tables is made: an
+    expanded table can claim any width without holding it.
+    """
+    num_seqs, columns = table_shape
+    if tokens > LIMITS.tokens:
+        raise InvalidArgumentError(
+            f"sequence {seq} has {tokens:,} tokens; kvlab's paged attention takes at most {LIMITS.tokens:,} "
+            "a sequence: shorten it"
+        )
+    if tokens > columns * block_size:
+        raise InvalidArgumentError(
+            f"sequence {seq} has {tokens} tokens but its block table holds {columns} blocks of {block_size} "
+            f"= {columns * block_size} tokens: widen block_tables or shorten the sequence"
+        )
+    entries = num_seqs * cdiv(tokens, block_size)
+    if entries > MAX_TABLE_ENTRIES:
+        raise InvalidArgumentError(
+            f"the block tables' columns up to the longest sequence hold {num_seqs:,} x {cdiv(tokens, block_size):,} "
+            f"= {entries:,} entries, more than the {MAX_TABLE_ENTRIES:,} one call reads: pass fewer or shorter "
+            "sequences, or larger blocks"
+        )
 
 
 def _refuse_block_id(seq: int, col: int, block: int, num_blocks: int) -> None:
