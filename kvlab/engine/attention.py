@@ -267,6 +267,8 @@ def _check_host_tables(bt: torch.Tensor, sl: torch.Tensor, block_size: int, num_
     high = int(lens.max())
     _check_reach(int(lens.argmax()), high, bt.shape, block_size)
     table = host_ints(bt[:, : cdiv(high, block_size)])
+    if table.min() >= 0 and table.max() < num_blocks:  # the usual case: no entry to look at more closely
+        return high
     used = np.arange(table.shape[1])[None, :] < ((lens + block_size - 1) // block_size)[:, None]
     bad = used & ((table < 0) | (table >= num_blocks))
     if bad.any():
@@ -522,11 +524,14 @@ def _compiled_decode_applies(query, key_cache, value_cache, seq_lens, shape: Pag
 
 
 def _chunked_decode_graph(
-    query, key_cache, value_cache, chunk_table, chunk_seq, chunk_valid, seq_chunks, used
+    query, scale, key_cache, value_cache, chunk_table, chunk_seq, chunk_valid, seq_chunks, used
 ):
     """The compiled decode, written so that inductor fuses every gather into the loop that reads it.
 
-    ``query`` [num_seqs, kv_heads, group, head_dim] float32, already scaled;
+    ``query`` [num_seqs, kv_heads, group, head_dim] in the cache's dtype, scaled here by
+    ``scale`` (a float32 scalar tensor) in float32; the result is [num_seqs - 1, heads,
+    head_dim] in the cache's dtype (the last sequence is the plan's extra one, dropped here, so
+    no eager op follows the kernel);
     chunk ``c`` is the blocks ``chunk_table[c]`` of sequence ``chunk_seq[c]``,
     its first ``chunk_valid[c]`` tokens real; ``seq_chunks[s]`` lists sequence
     ``s``'s chunks (``used`` False on padding). Scores are an elementwise
@@ -540,6 +545,7 @@ def _chunked_decode_graph(
     """
     num_chunks, chunk_blocks = chunk_table.shape
     block_size = key_cache.shape[1]
+    query = query.float() * scale
     keys = key_cache[
         chunk_table
     ].float()  # [C, chunk_blocks, block_size, kv_heads, head_dim], never materialised
@@ -558,9 +564,10 @@ def _chunked_decode_graph(
     maxima = torch.where(
         used[:, :, None, None], chunk_max[seq_chunks], float("-inf")
     )  # [S, max chunks, kv, group]
-    scale = torch.exp(maxima - maxima.amax(dim=1, keepdim=True))
-    total = (scale * chunk_sum[seq_chunks]).sum(dim=1)
-    return (scale[..., None] * chunk_out[seq_chunks]).sum(dim=1) / total[..., None]
+    weight = torch.exp(maxima - maxima.amax(dim=1, keepdim=True))  # each chunk's share, by its maximum
+    total = (weight * chunk_sum[seq_chunks]).sum(dim=1)
+    out = (weight[..., None] * chunk_out[seq_chunks]).sum(dim=1) / total[..., None]
+    return out[:-1].reshape(out.shape[0] - 1, -1, out.shape[-1]).to(key_cache.dtype)
 
 
 def _chunk_blocks(shape: PagedShape, element_size: int) -> int:
@@ -618,13 +625,12 @@ def compiled_decode(query, key_cache, value_cache, block_tables, seq_lens, scale
     plan = _chunk_plan(
         block_tables, seq_lens, shape.block_size, _chunk_blocks(shape, key_cache.element_size())
     )
-    q = torch.empty(
-        (shape.num_seqs + 1, shape.num_kv_heads, shape.group, shape.head_dim), dtype=torch.float32
-    )  # the queries, scaled, and one zero row for the extra one-token sequence
-    q[:-1].copy_(query.reshape(shape.num_seqs, *q.shape[1:])).mul_(scale)  # scaled in float32
-    q[-1].zero_()
-    args = (q, key_cache, value_cache, *plan)
-    for tensor, dims in zip(args, ((0,), (0,), (0,), (0,), (0,), (0,), (0, 1), (0, 1)), strict=True):
+    # the queries and one zero row for the extra one-token sequence, in one op (the kernel scales them)
+    q = torch.nn.functional.pad(query.reshape(shape.num_seqs, -1), (0, 0, 0, 1)).view(
+        shape.num_seqs + 1, shape.num_kv_heads, shape.group, shape.head_dim
+    )
+    args = (q, _scale_tensor(scale), key_cache, value_cache, *plan)
+    for tensor, dims in zip(args, ((0,), (), (0,), (0,), (0,), (0,), (0,), (0, 1), (0, 1)), strict=True):
         for dim in dims:
             torch._dynamo.maybe_mark_dynamic(tensor, dim)
     config = torch._dynamo.config
@@ -650,7 +656,24 @@ def compiled_decode(query, key_cache, value_cache, block_tables, seq_lens, scale
     finally:
         config.fail_on_recompile_limit_hit, config.recompile_limit = saved
     COMPILED.kinds.add(kind)
-    return out[:-1].reshape(shape.num_seqs, shape.num_heads, shape.head_dim).to(query.dtype)
+    return out
+
+
+_SCALES: dict[float, torch.Tensor] = {}
+
+
+def _scale_tensor(scale: float) -> torch.Tensor:
+    """``scale`` as a float32 scalar tensor, made once per value (a few are kept).
+
+    A tensor, not a float, so that the compiled decode does not compile again for every
+    scale (dynamo specialises on a float argument's value).
+    """
+    tensor = _SCALES.get(scale)
+    if tensor is None:
+        if len(_SCALES) >= 16:
+            _SCALES.clear()
+        tensor = _SCALES[scale] = torch.tensor(scale, dtype=torch.float32)
+    return tensor
 
 
 def _batched_decode(

@@ -226,6 +226,22 @@ def test_compiled_decode_with_wide_rows_and_a_strided_query(compiled_for_every_s
 
 @needs_compiler
 @pytest.mark.slow
+def test_the_compiled_decode_takes_any_scale_without_compiling_again(compiled_for_every_size):
+    """The scale reaches the kernel as a tensor: new values give exact answers and no new graph."""
+    from torch._dynamo.utils import counters
+
+    q, kc, vc, bt, sl, keys, values = make_case([30, 70], 16, 2, 4, seed=12)
+    paged_attention(q, kc, vc, bt, sl, impl="torch", scale=0.5)
+    graphs = counters["stats"]["unique_graphs"]
+    for scale in (0.125, 0.3, 2.0):
+        out = paged_attention(q, kc, vc, bt, sl, impl="torch", scale=scale)
+        torch.testing.assert_close(out.double(), dense_f64(q, keys, values, scale=scale), atol=1e-5, rtol=0)
+    assert counters["stats"]["unique_graphs"] == graphs
+    assert attention.COMPILED.failure is None and not attention.COMPILED.over_limit
+
+
+@needs_compiler
+@pytest.mark.slow
 def test_the_compiled_decode_leaves_dynamo_s_settings_as_it_found_them(compiled_for_every_size):
     """It raises dynamo's recompile limit for its own call only: a user's torch.compile keeps its settings."""
     config = torch._dynamo.config
