@@ -528,8 +528,9 @@ def _chunked_decode_graph(
 ):
     """The compiled decode, written so that inductor fuses every gather into the loop that reads it.
 
-    ``query`` [num_seqs, kv_heads, group, head_dim] in the cache's dtype, scaled here by
-    ``scale`` (a float32 scalar tensor) in float32; the result is [num_seqs - 1, heads,
+    ``query`` [num_seqs, kv_heads, group, head_dim] in the cache's dtype; ``scale`` (a float32
+    scalar tensor) multiplies each score, once per score rather than once per query element,
+    which inductor would repeat inside every score's sum; the result is [num_seqs - 1, heads,
     head_dim] in the cache's dtype (the last sequence is the plan's extra one, dropped here, so
     no eager op follows the kernel);
     chunk ``c`` is the blocks ``chunk_table[c]`` of sequence ``chunk_seq[c]``,
@@ -545,12 +546,13 @@ def _chunked_decode_graph(
     """
     num_chunks, chunk_blocks = chunk_table.shape
     block_size = key_cache.shape[1]
-    query = query.float() * scale
     keys = key_cache[
         chunk_table
     ].float()  # [C, chunk_blocks, block_size, kv_heads, head_dim], never materialised
     values = value_cache[chunk_table].float()
-    scores = (keys[:, :, :, :, None, :] * query[chunk_seq][:, None, None]).sum(-1)  # [C, cb, bs, kv, group]
+    scores = (keys[:, :, :, :, None, :] * query[chunk_seq].float()[:, None, None]).sum(
+        -1
+    ) * scale  # [C, cb, bs, kv, g]
     position = torch.arange(chunk_blocks * block_size, device=query.device).view(
         1, chunk_blocks, block_size, 1, 1
     )
