@@ -36,6 +36,7 @@ from kvlab.views._common import (
     base_layout,
     check_axis_max,
     check_title,
+    read_pairs,
     steps_of,
     text_px,
     title_text,
@@ -52,7 +53,7 @@ def _runs(runs: object) -> list[tuple[str, AgentRun]]:
     if isinstance(runs, AgentRun):
         runs = [runs]
     if isinstance(runs, Mapping):
-        pairs = [(str(k), v) for k, v in runs.items()]
+        pairs = [(str(k), v) for k, v in read_pairs("runs", runs)]
     elif isinstance(runs, Sequence) and not isinstance(runs, (str, bytes)):
         pairs = [(getattr(r, "name", f"run {i + 1}"), r) for i, r in enumerate(runs)]
     else:

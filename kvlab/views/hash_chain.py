@@ -27,6 +27,7 @@ from kvlab.views._common import (
     discrete_colorscale,
     legend_entry,
     legend_height,
+    read_pairs,
     text_px,
     title_text,
     tokens_text,
@@ -72,9 +73,10 @@ def _row(name: object, value: object) -> _Row:
 
 
 def _rows(chains: object) -> list[_Row]:
-    if not isinstance(chains, Mapping) or not chains:
+    pairs = read_pairs("chains", chains) if isinstance(chains, Mapping) else []
+    if not pairs:
         raise InvalidArgumentError("chains must be a non-empty dict: row name -> HashChain or digests")
-    rows = [_row(name, value) for name, value in chains.items()]
+    rows = [_row(name, value) for name, value in pairs]
     sizes = sorted({r.block_size for r in rows if r.block_size is not None})
     if len(sizes) > 1:
         raise InvalidArgumentError(

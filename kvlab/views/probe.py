@@ -28,7 +28,7 @@ import plotly.graph_objects as go
 from kvlab.core.timing import Timing
 from kvlab.errors import InvalidArgumentError, brief
 from kvlab.views import theme
-from kvlab.views._common import check_title, title_text
+from kvlab.views._common import check_title, read_pairs, title_text
 
 MAX_PANELS = 8
 MAX_POINTS = 10_000
@@ -133,19 +133,20 @@ def _ticks(values: list[float]) -> tuple[list[float], list[str]]:
 def probe_timing_figure(runs: Mapping[str, Any], *, title: str | None = None) -> go.Figure:
     """One panel per scenario (name -> run): calibrated hit and miss times, threshold and guesses, in ms."""
     check_title(title)
-    if not isinstance(runs, Mapping) or not runs:
+    pairs = read_pairs("runs", runs) if isinstance(runs, Mapping) else []
+    if not pairs:
         raise InvalidArgumentError(
             f"runs must be a non-empty mapping of scenario name to run, got {brief(runs)}"
         )
-    if len(runs) > MAX_PANELS:
-        raise InvalidArgumentError(f"at most {MAX_PANELS} scenarios, got {len(runs)}")
+    if len(pairs) > MAX_PANELS:
+        raise InvalidArgumentError(f"at most {MAX_PANELS} scenarios, got {len(pairs)}")
     data: list[dict[str, Any]] = []
     shapes, annotations = [], []
-    n = len(runs)
+    n = len(pairs)
     gap = 0.2 if n > 1 else 0.0
     height = (1 - gap * (n - 1)) / n
     layout: dict[str, Any] = {}
-    for i, (label, run) in enumerate(runs.items(), start=1):
+    for i, (label, run) in enumerate(pairs, start=1):
         label = str(label)
         traces, threshold, own = _panel_traces(label, run, i)
         data += traces

@@ -80,3 +80,17 @@ def test_animations_refuse_hostile_frame_times(value):
 def test_view_refusals_say_what_is_wrong(call, match):
     with pytest.raises(KvlabError, match=match):
         call()
+
+
+def test_figures_read_a_user_s_dict_through_dict_s_own_methods():
+    """A dict subclass whose items()/iteration raise draws (or is refused) as a plain dict would be."""
+    from hostile import LyingDict
+
+    from kvlab.views.agents import prompt_split_figure
+    from kvlab.views.probe import probe_timing_figure
+
+    chain = hashing.hash_chain(list(range(32)), 16)
+    assert hash_chain_figure(LyingDict({"a": chain}), title="t") is not None
+    for figure in (probe_timing_figure, prompt_split_figure):
+        with pytest.raises(KvlabError, match="'a'|a has no"):  # read, then refused for what the value is
+            figure(LyingDict({"a": 1}), title="t")
