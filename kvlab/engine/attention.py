@@ -232,34 +232,21 @@ def _check_tables(
             raise InvalidArgumentError(f"{name} is on {t.device} but the cache is on {device}: move it there")
     if num_seqs == 0:
         return bt, sl
-    if device.type == "cpu":  # numpy's per-call cost is a fraction of torch's, which a decode step feels
-        high = _check_host_tables(bt, sl, block_size, num_blocks)
-        return bt[:, : cdiv(high, block_size)], sl
-    lens = sl.to(torch.int64)
-    low = int(lens.min())
-    if low < 1:
-        raise InvalidArgumentError(f"seq_lens must be at least 1 (the new token is in the cache), got {low}")
-    high = int(lens.max())
-    _check_reach(int(torch.argmax(lens)), high, bt.shape, block_size)
-    bt = bt[:, : cdiv(high, block_size)]  # the columns past the longest sequence are never read
-    used = (
-        torch.arange(bt.shape[1], device=device)[None, :] < ((lens + block_size - 1) // block_size)[:, None]
-    )
-    table = bt.to(torch.int64)
-    bad = used & ((table < 0) | (table >= num_blocks))
-    if bool(bad.any()):
-        seq, col = (int(x) for x in bad.nonzero()[0])
-        _refuse_block_id(seq, col, int(table[seq, col]), num_blocks)
-    return bt, sl
+    high = _check_host_tables(bt, sl, block_size, num_blocks)
+    return bt[:, : cdiv(high, block_size)], sl  # the columns past the longest sequence are never read
 
 
 def host_ints(tensor: torch.Tensor) -> np.ndarray:
-    """A CPU integer tensor's values as int64 numpy (a negated view, torch._neg_view, resolved first)."""
-    return tensor.resolve_neg().numpy().astype(np.int64, copy=False)
+    """An integer tensor's values as int64 numpy (a negated view, torch._neg_view, resolved first).
+
+    A GPU tensor is copied to the host: its checks read values into Python anyway (a sync),
+    and these are index tables, small next to the pool.
+    """
+    return tensor.resolve_neg().cpu().numpy().astype(np.int64, copy=False)
 
 
 def _check_host_tables(bt: torch.Tensor, sl: torch.Tensor, block_size: int, num_blocks: int) -> int:
-    """``_check_tables``' value checks on CPU tensors, in numpy; returns the longest sequence's length."""
+    """``_check_tables``' value checks, in numpy (a decode step feels torch's per-op cost); returns the longest length."""
     lens = host_ints(sl)
     low = int(lens.min())
     if low < 1:
@@ -994,22 +981,15 @@ def _unwritten_nonfinite(
     block's values past the context length for this reason. Only each sequence's last block
     is read: one block per sequence.
     """
-    if seq_lens.device.type == "cpu":  # the index math in numpy: a decode step feels torch's per-op cost
-        lens = host_ints(seq_lens)
-        tail = lens % shape.block_size
-        partial = np.flatnonzero(tail)
-        if partial.size == 0:  # every last block is full: nothing past an end
-            return None
-        last = host_ints(block_tables)[partial, (lens[partial] - 1) // shape.block_size]
-        finite = torch.isfinite(value_cache[torch.from_numpy(last)]).flatten(2).all(dim=2).numpy()
-        bad = np.argwhere((np.arange(shape.block_size)[None, :] >= tail[partial][:, None]) & ~finite)
-    else:
-        lens = seq_lens.to(torch.int64)
-        tail = lens % shape.block_size
-        partial = (tail > 0).nonzero()[:, 0]
-        last = block_tables.to(torch.int64)[partial, (lens[partial] - 1) // shape.block_size]
-        slots = torch.arange(shape.block_size, device=lens.device)[None, :] >= tail[partial][:, None]
-        bad = (slots & ~torch.isfinite(value_cache[last]).flatten(2).all(dim=2)).nonzero()
+    lens = host_ints(seq_lens)  # the index math in numpy: a decode step feels torch's per-op cost
+    tail = lens % shape.block_size
+    partial = np.flatnonzero(tail)
+    if partial.size == 0:  # every last block is full: nothing past an end
+        return None
+    last = host_ints(block_tables)[partial, (lens[partial] - 1) // shape.block_size]
+    blocks = value_cache[torch.from_numpy(last).to(value_cache.device)]
+    finite = torch.isfinite(blocks).flatten(2).all(dim=2).cpu().numpy()
+    bad = np.argwhere((np.arange(shape.block_size)[None, :] >= tail[partial][:, None]) & ~finite)
     if len(bad) == 0:
         return None
     row, slot = (int(x) for x in bad[0])
