@@ -26,7 +26,6 @@ Two schemes give byte-exact digests:
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import marshal
 import pickle
@@ -230,15 +229,17 @@ def check_token_ids(name: str, tokens: object, *, allow_empty: bool = False) -> 
 def plain_token_ids(tokens: list[int] | tuple[int, ...]) -> bool:
     """True when a list or tuple holds 1..``LIMITS.tokens`` plain ``int`` ids, each in 0..MAX_TOKEN_ID.
 
-    Two C-level passes do the work, no Python code per id: ``marshal`` (format version 2, which never shares
-    objects) writes a plain int in the signed 32-bit range as the byte ``i`` and 4
-    little-endian bytes, anything else otherwise (a bool as ``T``/``F``, a bigger int as
-    ``l``, an int subclass or numpy int not at all), so the ids are exactly what is asked
-    when the output is 5 bytes per id with ``i`` at every fifth byte and no sign bit set.
-    ``struct`` packs the ids as int32 first, which stops at the first item that is not an
-    integer (a nested list, a string) or is out of range, so ``marshal`` never copies a
-    nested structure or a huge int. False means "not vouched for", not "refused":
-    ``check_tokens`` then decides.
+    Two C-level passes do the work, no Python code per id. ``marshal`` (format version 2,
+    which never shares objects) writes a plain int in the signed 32-bit range as the byte
+    ``i`` and 4 little-endian bytes, anything else otherwise (a bool as ``T``/``F``, a bigger
+    int as ``l``, an int subclass or numpy int not at all), so the ids are exactly what is
+    asked when the output is 5 bytes per id with ``i`` at every fifth byte and no sign bit
+    set. Because version 2 writes every reference to an object out again, a first pass keeps
+    it to ints of bounded size: ``int.bit_length`` refuses anything that is not an ``int``
+    without running the item's own code (a nested list, a string, an object whose
+    ``__index__`` says it is an integer while it is a buffer ``marshal`` would copy), and the
+    bit lengths' sum bounds what ``marshal`` writes. False means "not vouched for", not
+    "refused": ``check_tokens`` then decides.
     """
     n = len(tokens)
     if n <= _FEW:  # a few ids (a decode step): a plain loop costs less than the two passes' setup
@@ -249,9 +250,10 @@ def plain_token_ids(tokens: list[int] | tuple[int, ...]) -> bool:
     if n > LIMITS.tokens:
         return False
     try:
-        _packer(n)(*tokens)
+        if sum(map(_bit_length, tokens)) > _ID_BITS * n:  # a big int: not an id, and not for marshal
+            return False
         packed = _marshal(tokens, 2)
-    except Exception:  # an item that is not an int32, or that marshal cannot write
+    except Exception:  # an item that is not an int, or that marshal cannot write
         return False
     return len(packed) == 5 * n + 5 and packed[5::5] == b"i" * n and packed[9::5].isascii()
 
@@ -259,17 +261,8 @@ def plain_token_ids(tokens: list[int] | tuple[int, ...]) -> bool:
 _SEQUENCES = (list, tuple)
 _FEW = 24
 _marshal = marshal.dumps
-
-
-@functools.lru_cache(maxsize=1024)
-def _packer(n: int) -> Callable[..., bytes]:
-    """``struct.pack`` for ``n`` int32s, compiled once per length.
-
-    ``struct``'s own cache keeps 100 formats, and prompts come in more lengths than
-    that, so without this every call would compile its format again (about 3 ns per id).
-    A compiled format is a small object whatever ``n`` is, so 1,024 of them are cheap.
-    """
-    return struct.Struct(f"{n}i").pack
+_bit_length = int.bit_length
+_ID_BITS = MAX_TOKEN_ID.bit_length()
 
 
 _MARSHALLED = b"[\x02\x00\x00\x00i\x01\x00\x00\x00i\xff\xff\xff\x7f"

@@ -602,6 +602,28 @@ def test_shared_nested_items_are_refused_without_copying_them():
         PrefixCache(8, 4).allocate("A", [1] * 30 + [10**100_000] * 1000)
 
 
+class _IndexBytes(bytes):
+    """A buffer that says it is the integer 1: struct took it, and marshal copies its bytes."""
+
+    def __index__(self) -> int:
+        return 1
+
+
+def test_a_shared_buffer_that_claims_to_be_an_integer_is_refused_without_copying_it():
+    import tracemalloc
+
+    tokens = [1] * 30 + [_IndexBytes(b"x" * 1_000_000)] * 3000  # copied each time: 3 GB
+    tracemalloc.start()
+    try:
+        assert not plain_token_ids(tokens)
+        with pytest.raises(InvalidArgumentError, match=r"tokens\[30\] must be an integer"):
+            block_hashes(tokens, 16, scheme="vllm")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 10 * 2**20
+
+
 def test_full_blocks_keep_their_tokens_once_the_request_is_gone():
     cache = PrefixCache(16, 4, hash_scheme="vllm")
     prompt = [5, 6, 7, 8, 9, 10, 11, 12, 13]
