@@ -20,7 +20,10 @@ per sequence and one padded call with a key-padding mask.
 CPU shapes run at one intra-op thread and at the machine's default thread
 count (``--threads 1,2`` to choose; ``--shape`` picks shapes by name). ``paged torch`` is the
 public ``impl="torch"`` (on these sizes the kernel torch.compile generates; the header says so
-and how long its first call took, compiling included); ``paged torch walk`` is the per-sequence
+and how long its first call took, compiling included), its tables checked and cut into chunks
+on every call; ``paged torch, planned`` is one layer's ``DecodePlan.attend`` on a plan made once
+(``plan_decode``), which a model's layers share in a step, and the line under each table adds a
+32-layer step's share of making the plan; ``paged torch walk`` is the per-sequence
 walk that smaller calls run; ``paged torch tiles`` is the batched alternative (chunks of many
 sequences per flash-kernel call). ``paged flex`` is FlexAttention
 (compiled where torch can, the first call of a shape compiles). A prefill
@@ -51,10 +54,11 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kvlab.core.timing import Timing, measure_side_by_side
-from kvlab.engine import Engine, paged_attention, paged_prefill, run_chat
+from kvlab.engine import Engine, paged_attention, paged_prefill, plan_decode, run_chat
 from kvlab.engine.attention import (
     COMPILED,
     _batched_decode,
+    _chunk_blocks,
     _torch_walk,
     check_decode_args,
     flex_available,
@@ -214,8 +218,12 @@ def sdpa_calls(shape: Shape, case: Case) -> dict[str, Callable[[], torch.Tensor]
 
 def paged_calls(case: Case, device: str, with_flex: bool) -> dict[str, Callable[[], torch.Tensor]]:
     args = (case.query, case.key_cache, case.value_cache, case.tables, case.seq_lens)
+    plan = plan_decode(
+        case.tables, case.seq_lens, case.key_cache
+    )  # a step's tables, checked once for every layer
     calls: dict[str, Callable[[], torch.Tensor]] = {
         "paged torch": lambda: paged_attention(*args, impl="torch"),
+        "paged torch, planned": lambda: plan.attend(*args[:3], impl="torch"),
     }
     if device == "cpu":  # impl="torch"'s per-sequence walk (what small calls run) and the batched tiles
         shape, scale = check_decode_args(*args, None)
@@ -308,15 +316,38 @@ def bench_cpu_shape(shape: Shape, reps: int, with_flex: bool, copy: Timing) -> N
         f"{flex_note})"
     )
     print(
-        f"  {'implementation':<20}{'median ms':>10}{'IQR ms':>15}{'vs SDPA':>9}{'cpu ms':>9}"
+        f"  {'implementation':<22}{'median ms':>10}{'IQR ms':>13}{'vs SDPA':>9}{'cpu ms':>9}"
         f"{'cpu vs SDPA':>12}{'GB/s':>7}{'cpu GB/s':>9}{'of copy':>9}"
     )
     for name, t in times.items():
         print(
-            f"  {name:<20}{t.median_ms:>10.2f}{f'{t.q1_ms:.2f}-{t.q3_ms:.2f}':>15}{t.median_ms / base.median_ms:>8.2f}x"
+            f"  {name:<22}{t.median_ms:>8.2f}{f'{t.q1_ms:.2f}-{t.q3_ms:.2f}':>15}{t.median_ms / base.median_ms:>8.2f}x"
             f"{t.cpu_median_ms:>9.2f}{t.cpu_median_ms / cpu_base:>11.2f}x{gbps(kv, t.median_ms):>7.1f}"
             f"{gbps(kv, t.cpu_median_ms):>9.1f}{gbps(kv, t.cpu_median_ms) / copy_gbps:>8.0%}"
         )
+    report_step(case, times["paged torch, planned"], base)
+
+
+STEP_LAYERS = 32  # a Llama-7B-sized model: every layer of a step attends through the same tables
+
+
+def report_step(case: Case, planned: Timing, base: Timing) -> None:
+    """A decode step's attention per layer when ``STEP_LAYERS`` layers share one plan, as vLLM and FlashInfer share theirs."""
+    shape, _ = check_decode_args(
+        case.query, case.key_cache, case.value_cache, case.tables, case.seq_lens, None
+    )
+    chunk_blocks = _chunk_blocks(shape, case.key_cache.element_size())
+
+    def make_plan() -> None:  # the checks, and the chunk tables the step's first attend cuts for every layer
+        plan_decode(case.tables, case.seq_lens, case.key_cache)._chunk_tables(chunk_blocks)
+
+    plan = measure_side_by_side({"plan": make_plan}, warmup=1, repeats=7)["plan"]
+    per_layer = planned.median_ms + plan.median_ms / STEP_LAYERS
+    print(
+        f"  plan_decode + chunk tables (once a step) {plan.median_ms:.3f} ms (IQR {plan.q1_ms:.3f}-{plan.q3_ms:.3f}); "
+        f"a {STEP_LAYERS}-layer step, per layer: attend + plan/{STEP_LAYERS} = {per_layer:.2f} ms = "
+        f"{per_layer / base.median_ms:.2f}x SDPA (wall medians)"
+    )
 
 
 def bench_gpu_shape(shape: Shape, reps: int, peak_gbps: float | None) -> None:

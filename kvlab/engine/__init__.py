@@ -4,7 +4,8 @@ Needs the ``engine`` extra (torch); the Triton kernel also needs ``triton``.
 
 * ``paged_attention`` / ``paged_prefill`` -- attention through block tables
   (reference, torch and Triton implementations), plus ``slot_mapping`` and
-  ``write_kv_cache``.
+  ``write_kv_cache``; ``plan_decode`` checks one decode step's tables once for
+  every layer (``DecodePlan.attend``).
 * ``Engine`` -- a seeded random tiny transformer over a paged KV pool, whose
   reuse is decided by ``kvlab.models.prefix_cache`` (``cache="blocks"``), a
   llama-server slot (``"slot"``) or nothing (``"off"``).
@@ -35,7 +36,9 @@ _EXPORTS = {
     "TinyTransformer": "kvlab.engine.model",
     "DECODE_IMPLS": "kvlab.engine.attention",
     "PREFILL_IMPLS": "kvlab.engine.attention",
+    "DecodePlan": "kvlab.engine.attention",
     "paged_attention": "kvlab.engine.attention",
+    "plan_decode": "kvlab.engine.attention",
     "paged_prefill": "kvlab.engine.attention",
     "slot_mapping": "kvlab.engine.attention",
     "write_kv_cache": "kvlab.engine.attention",

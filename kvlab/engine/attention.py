@@ -70,6 +70,7 @@ dispatch between implementations share their argument checks and are tested agai
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -167,6 +168,8 @@ def _check_int_tensor(name: str, value: torch.Tensor) -> None:
 def _check_scale(scale: object, head_dim: int) -> float:
     if scale is None:
         return 1.0 / math.sqrt(head_dim)
+    if isinstance(scale, int) and not isinstance(scale, bool) and scale.bit_length() > 1024:
+        scale = math.inf  # past any float: refused below as not finite
     if (
         isinstance(scale, bool)
         or not isinstance(scale, (int, float))
@@ -199,6 +202,7 @@ def check_cache(key_cache: object, value_cache: object) -> tuple[torch.Tensor, t
     if min(kc.shape) < 1:
         raise InvalidArgumentError(f"key_cache has an empty dimension: shape {tuple(kc.shape)}")
     for name, t in (("key_cache", kc), ("value_cache", vc)):
+        _refuse_expanded(name, t)
         if t.requires_grad:
             raise InvalidArgumentError(
                 f"{name} requires grad; kvlab's paged attention is for inference: pass {name}.detach()"
@@ -210,14 +214,10 @@ def check_cache(key_cache: object, value_cache: object) -> tuple[torch.Tensor, t
     return kc, vc
 
 
-def _check_tables(
-    block_tables: object,
-    seq_lens: object,
-    num_seqs: int,
-    block_size: int,
-    num_blocks: int,
-    device: torch.device,
+def _check_table_tensors(
+    block_tables: object, seq_lens: object, num_seqs: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tables' types, dimensions, dtypes, sizes and device (not their values)."""
     bt = _check_tensor("block_tables", block_tables, 2, "[num_seqs, max_blocks_per_seq]")
     sl = _check_tensor("seq_lens", seq_lens, 1, "[num_seqs]")
     _check_int_tensor("block_tables", bt)
@@ -227,12 +227,38 @@ def _check_tables(
             f"block_tables has {bt.shape[0]} rows and seq_lens {sl.shape[0]} entries, "
             f"but there are {num_seqs} sequences: give one of each per sequence"
         )
+    if num_seqs > MAX_TABLE_ENTRIES:  # each sequence reads at least one entry: refused before any is read
+        raise InvalidArgumentError(
+            f"{num_seqs:,} sequences is more than the {MAX_TABLE_ENTRIES:,} table entries one call reads: "
+            "pass fewer sequences"
+        )
     for name, t in (("block_tables", bt), ("seq_lens", sl)):
         if t.device != device:
             raise InvalidArgumentError(f"{name} is on {t.device} but the cache is on {device}: move it there")
+    return bt, sl
+
+
+def _refuse_expanded(name: str, cache: torch.Tensor) -> None:
+    """A KV pool holds its own memory: a zero stride (an ``expand``ed view) claims sizes no memory backs."""
+    if any(stride == 0 and size > 1 for size, stride in zip(cache.shape, cache.stride(), strict=True)):
+        raise InvalidArgumentError(
+            f"{name} is an expanded view (a zero stride, shape {tuple(cache.shape)}): a KV pool holds a "
+            f"value for every slot; pass {name}.contiguous() or a real pool"
+        )
+
+
+def _check_tables(
+    block_tables: object,
+    seq_lens: object,
+    num_seqs: int,
+    block_size: int,
+    num_blocks: int,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    bt, sl = _check_table_tensors(block_tables, seq_lens, num_seqs, device)
     if num_seqs == 0:
         return bt, sl
-    high = _check_host_tables(bt, sl, block_size, num_blocks)
+    high, _, _ = _check_host_tables(bt, sl, block_size, num_blocks)
     return bt[:, : cdiv(high, block_size)], sl  # the columns past the longest sequence are never read
 
 
@@ -245,8 +271,14 @@ def host_ints(tensor: torch.Tensor) -> np.ndarray:
     return tensor.resolve_neg().cpu().numpy().astype(np.int64, copy=False)
 
 
-def _check_host_tables(bt: torch.Tensor, sl: torch.Tensor, block_size: int, num_blocks: int) -> int:
-    """``_check_tables``' value checks, in numpy (a decode step feels torch's per-op cost); returns the longest length."""
+def _check_host_tables(
+    bt: torch.Tensor, sl: torch.Tensor, block_size: int, num_blocks: int
+) -> tuple[int, np.ndarray, np.ndarray]:
+    """``_check_tables``' value checks, in numpy (a decode step feels torch's per-op cost).
+
+    Returns the longest length and the host arrays checked: the lengths and the table's
+    columns up to the longest sequence (int64; they may share memory with the tensors).
+    """
     lens = host_ints(sl)
     low = int(lens.min())
     if low < 1:
@@ -255,13 +287,13 @@ def _check_host_tables(bt: torch.Tensor, sl: torch.Tensor, block_size: int, num_
     _check_reach(int(lens.argmax()), high, bt.shape, block_size)
     table = host_ints(bt[:, : cdiv(high, block_size)])
     if table.min() >= 0 and table.max() < num_blocks:  # the usual case: no entry to look at more closely
-        return high
+        return high, lens, table
     used = np.arange(table.shape[1])[None, :] < ((lens + block_size - 1) // block_size)[:, None]
     bad = used & ((table < 0) | (table >= num_blocks))
     if bad.any():
         seq, col = (int(x) for x in np.argwhere(bad)[0])
         _refuse_block_id(seq, col, int(table[seq, col]), num_blocks)
-    return high
+    return high, lens, table
 
 
 def _check_reach(seq: int, tokens: int, table_shape: torch.Size, block_size: int) -> None:
@@ -297,6 +329,24 @@ def _refuse_block_id(seq: int, col: int, block: int, num_blocks: int) -> None:
     )
 
 
+def _check_query(query: object, kc: torch.Tensor) -> torch.Tensor:
+    """The decode query against a checked cache: [num_seqs, num_heads, head_dim], its dtype and device."""
+    q = _check_tensor("query", query, 3, "[num_seqs, num_heads, head_dim]")
+    if q.dtype != kc.dtype:
+        raise InvalidArgumentError(f"query is {q.dtype} but the cache is {kc.dtype}: use one dtype")
+    if q.device != kc.device:
+        raise InvalidArgumentError(f"query is on {q.device} but the cache on {kc.device}: move them together")
+    num_kv_heads, head_dim = kc.shape[2:]
+    num_heads, q_dim = q.shape[1:]
+    if q_dim != head_dim:
+        raise InvalidArgumentError(f"query head_dim {q_dim} does not match the cache's head_dim {head_dim}")
+    if num_heads % num_kv_heads:
+        raise InvalidArgumentError(
+            f"num_heads {num_heads} must be a multiple of num_kv_heads {num_kv_heads} (grouped-query attention)"
+        )
+    return q
+
+
 def check_decode_args(
     query: object,
     key_cache: object,
@@ -306,23 +356,129 @@ def check_decode_args(
     scale: object,
 ) -> tuple[PagedShape, float]:
     """Validate ``paged_attention``'s arguments; return the sizes and the scale."""
-    q = _check_tensor("query", query, 3, "[num_seqs, num_heads, head_dim]")
+    shape, scale_, _ = _check_decode(query, key_cache, value_cache, block_tables, seq_lens, scale)
+    return shape, scale_
+
+
+def _check_decode(query, key_cache, value_cache, block_tables, seq_lens, scale):
+    """``check_decode_args`` and the step's ``DecodePlan`` made from the values it checked."""
+    _check_tensor(
+        "query", query, 3, "[num_seqs, num_heads, head_dim]"
+    )  # the query first, as it is named first
     kc, vc = check_cache(key_cache, value_cache)
-    if q.dtype != kc.dtype:
-        raise InvalidArgumentError(f"query is {q.dtype} but the cache is {kc.dtype}: use one dtype")
-    if q.device != kc.device:
-        raise InvalidArgumentError(f"query is on {q.device} but the cache on {kc.device}: move them together")
+    q = _check_query(query, kc)
+    plan = _make_plan(block_tables, seq_lens, kc, q.shape[0])
+    return _paged_shape(q, kc, plan), _check_scale(scale, kc.shape[3]), plan
+
+
+def _paged_shape(q: torch.Tensor, kc: torch.Tensor, plan: DecodePlan) -> PagedShape:
     num_blocks, block_size, num_kv_heads, head_dim = kc.shape
-    num_seqs, num_heads, q_dim = q.shape
-    if q_dim != head_dim:
-        raise InvalidArgumentError(f"query head_dim {q_dim} does not match the cache's head_dim {head_dim}")
-    if num_heads % num_kv_heads:
+    return PagedShape(
+        q.shape[0], q.shape[1], num_kv_heads, head_dim, num_blocks, block_size, plan._block_tables.shape[1]
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class DecodePlan:
+    """One decode step's block tables and lengths, checked once and shared by every layer.
+
+    All of a model's layers attend through the same tables in a step, so vLLM builds its
+    attention metadata once per step (``FlashAttentionMetadataBuilder.build`` in vLLM 0.33)
+    and FlashInfer splits ``plan()`` from ``run()``. ``plan_decode`` checks the tables
+    against a layer's pool and keeps private copies, so a later change to the caller's
+    tensors cannot reach what was checked; ``attend`` runs one layer, checking only its
+    query and caches, and the compiled CPU kernel's chunk tables are made on the first
+    ``attend`` and reused by the rest. Make a new plan when the tables or lengths change
+    (every step: each sequence grows by one token). Only ``plan_decode`` makes plans that
+    ``attend`` runs: a plan built by hand carries no checked tables.
+    """
+
+    num_seqs: int
+    num_blocks: int
+    block_size: int
+    device: torch.device
+    _block_tables: torch.Tensor = field(repr=False)  # [num_seqs, columns up to the longest sequence]
+    _seq_lens: torch.Tensor = field(repr=False)
+    _issued: object = field(default=None, repr=False)
+    _chunks: dict[int, tuple[torch.Tensor, ...]] = field(default_factory=dict, repr=False)
+
+    def _chunk_tables(self, chunk_blocks: int) -> tuple[torch.Tensor, ...]:
+        """The compiled kernel's chunk tables for chunks of ``chunk_blocks`` blocks (``_chunk_blocks``), made once."""
+        plan = self._chunks.get(chunk_blocks)
+        if plan is None:
+            plan = self._chunks[chunk_blocks] = _chunk_plan(
+                self._block_tables, self._seq_lens, self.block_size, chunk_blocks
+            )
+        return plan
+
+    def attend(
+        self,
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        *,
+        scale: float | None = None,
+        impl: str = "auto",
+    ) -> torch.Tensor:
+        """``paged_attention`` for one layer of this step: the same result, without checking the tables again."""
+        if self._issued is not _ISSUED:
+            raise InvalidArgumentError(
+                "this DecodePlan was not made by plan_decode, so its tables were never checked: "
+                "make plans with plan_decode(block_tables, seq_lens, key_cache)"
+            )
+        impl = _check_impl(impl, DECODE_IMPLS)
+        kc, vc = check_cache(key_cache, value_cache)
+        if kc.shape[:2] != (self.num_blocks, self.block_size) or kc.device != self.device:
+            raise InvalidArgumentError(
+                f"this plan was made for a pool of {self.num_blocks} blocks of {self.block_size} tokens on "
+                f"{self.device}, but the caches are {tuple(kc.shape[:2])} on {kc.device}: make a plan for "
+                "this pool (plan_decode)"
+            )
+        q = _check_query(query, kc)
+        if q.shape[0] != self.num_seqs:
+            raise InvalidArgumentError(
+                f"query holds {q.shape[0]} sequences but this plan {self.num_seqs}: one query row per sequence"
+            )
+        return _decode(q, kc, vc, self, _paged_shape(q, kc, self), _check_scale(scale, kc.shape[3]), impl)
+
+
+_ISSUED = object()  # what plan_decode gives its plans, so that attend knows their tables were checked
+
+
+def plan_decode(block_tables: torch.Tensor, seq_lens: torch.Tensor, key_cache: torch.Tensor) -> DecodePlan:
+    """Check one decode step's ``block_tables`` and ``seq_lens`` against a layer's pool, once for every layer.
+
+    ``key_cache`` is any layer's key pool ([num_blocks, block_size, num_kv_heads, head_dim]);
+    only its sizes and device are read. ``plan.attend(query, key_cache, value_cache)`` then
+    equals ``paged_attention(query, key_cache, value_cache, block_tables, seq_lens)`` for
+    each layer's caches.
+    """
+    kc = _check_tensor("key_cache", key_cache, 4, "[num_blocks, block_size, num_kv_heads, head_dim]")
+    if min(kc.shape) < 1:
+        raise InvalidArgumentError(f"key_cache has an empty dimension: shape {tuple(kc.shape)}")
+    _refuse_expanded("key_cache", kc)
+    bt = _check_tensor("block_tables", block_tables, 2, "[num_seqs, max_blocks_per_seq]")
+    sl = _check_tensor("seq_lens", seq_lens, 1, "[num_seqs]")
+    if bt.shape[0] != sl.shape[0]:
         raise InvalidArgumentError(
-            f"num_heads {num_heads} must be a multiple of num_kv_heads {num_kv_heads} (grouped-query attention)"
+            f"block_tables has {bt.shape[0]} rows but seq_lens {sl.shape[0]} entries: give one of each per sequence"
         )
-    bt, _ = _check_tables(block_tables, seq_lens, num_seqs, block_size, num_blocks, kc.device)
-    shape = PagedShape(num_seqs, num_heads, num_kv_heads, head_dim, num_blocks, block_size, bt.shape[1])
-    return shape, _check_scale(scale, head_dim)
+    return _make_plan(bt, sl, kc, sl.shape[0])
+
+
+def _make_plan(block_tables: object, seq_lens: object, kc: torch.Tensor, num_seqs: int) -> DecodePlan:
+    """Check the tables' tensors and values; keep private copies of what the kernels will read."""
+    num_blocks, block_size = kc.shape[:2]
+    bt, sl = _check_table_tensors(block_tables, seq_lens, num_seqs, kc.device)
+    if num_seqs == 0:
+        bt, sl = bt[:, :0].resolve_neg().clone(), sl.resolve_neg().clone()
+    elif kc.device.type == "cpu":
+        high, lens, table = _check_host_tables(bt, sl, block_size, num_blocks)
+        bt, sl = torch.from_numpy(table.copy()), torch.from_numpy(lens.copy())
+    else:  # a GPU's tables stay there (Triton reads them); the host arrays were only for the checks
+        high, _, _ = _check_host_tables(bt, sl, block_size, num_blocks)
+        bt, sl = bt[:, : cdiv(high, block_size)].resolve_neg().clone(), sl.resolve_neg().clone()
+    return DecodePlan(num_seqs, num_blocks, block_size, kc.device, bt, sl, _ISSUED)
 
 
 def _check_impl(impl: object, allowed: tuple[str, ...]) -> str:
@@ -360,12 +516,23 @@ def paged_attention(
     ``query`` [num_seqs, num_heads, head_dim]; the caches [num_blocks, block_size,
     num_kv_heads, head_dim]; ``block_tables`` int [num_seqs, max_blocks_per_seq];
     ``seq_lens`` int [num_seqs]. Returns [num_seqs, num_heads, head_dim] in the
-    query's dtype. ``scale`` defaults to 1/sqrt(head_dim).
+    query's dtype. ``scale`` defaults to 1/sqrt(head_dim). A model whose layers share
+    one step's tables checks them once with ``plan_decode`` and calls ``plan.attend``.
     """
     impl = _check_impl(impl, DECODE_IMPLS)
-    shape, scale_ = check_decode_args(query, key_cache, value_cache, block_tables, seq_lens, scale)
+    shape, scale_, plan = _check_decode(query, key_cache, value_cache, block_tables, seq_lens, scale)
+    return _decode(query, key_cache, value_cache, plan, shape, scale_, impl)
+
+
+def _decode(query, key_cache, value_cache, plan: DecodePlan, shape: PagedShape, scale_: float, impl: str):
+    """The decode after its checks: the tables are the plan's private copies."""
     if impl == "auto":
         impl = "triton" if query.is_cuda and triton_available() else "torch"
+    if impl == "triton" and not query.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise InvalidArgumentError(
+            "impl='triton' runs on a GPU: pass CUDA tensors, or use impl='torch' on the CPU "
+            "(Triton's interpreter, TRITON_INTERPRET=1 set before triton is imported, runs it on a CPU slowly)"
+        )
     if impl == "triton" and query.dtype == torch.float64:
         raise InvalidArgumentError(
             "impl='triton' takes float16, bfloat16 or float32, not float64; use impl='torch'"
@@ -382,11 +549,14 @@ def paged_attention(
     if shape.num_seqs == 0 or shape.num_heads == 0:
         return query.new_empty(query.shape)
     query = query.resolve_neg()  # a negated view (torch._neg_view) as plain values: kernels read raw memory
-    block_tables = block_tables[:, : shape.max_blocks_per_seq]  # the columns any sequence reaches
+    block_tables, seq_lens = (
+        plan._block_tables,
+        plan._seq_lens,
+    )  # private copies: the columns any sequence reaches
     if impl == "reference":
         return _reference_decode(query, key_cache, value_cache, block_tables, seq_lens, scale_, shape)
     if impl == "torch":
-        return _torch_decode(query, key_cache, value_cache, block_tables, seq_lens, scale_, shape)
+        return _torch_decode(query, key_cache, value_cache, block_tables, seq_lens, scale_, shape, plan=plan)
     if impl == "flex":
         return flex_decode(query, key_cache, value_cache, block_tables, seq_lens, scale_, shape)
     if not triton_available():
@@ -438,7 +608,16 @@ def _cpu_flash() -> Callable[..., tuple[torch.Tensor, torch.Tensor]] | None:
     return getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
-def _torch_decode(query, key_cache, value_cache, block_tables, seq_lens, scale, shape: PagedShape):
+def _torch_decode(
+    query,
+    key_cache,
+    value_cache,
+    block_tables,
+    seq_lens,
+    scale,
+    shape: PagedShape,
+    plan: DecodePlan | None = None,
+):
     """``impl="torch"``: the compiled CPU decode for big calls, else the per-sequence walk.
 
     The compiled kernel (``compiled_decode``) reads K and V in place, in one
@@ -453,7 +632,7 @@ def _torch_decode(query, key_cache, value_cache, block_tables, seq_lens, scale, 
         _compiled_decode_applies(query, key_cache, value_cache, seq_lens, shape)
         and _unwritten_nonfinite(value_cache, block_tables, seq_lens, shape) is None
     ):
-        out = compiled_decode(query, key_cache, value_cache, block_tables, seq_lens, scale, shape)
+        out = compiled_decode(query, key_cache, value_cache, block_tables, seq_lens, scale, shape, plan=plan)
         if out is not None:
             return out
     return _torch_walk(query, key_cache, value_cache, block_tables, seq_lens, scale, shape)
@@ -596,7 +775,16 @@ def _chunk_plan(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: 
     return tuple(torch.from_numpy(a) for a in (chunk_table, chunk_seq, chunk_valid, seq_chunks, used))
 
 
-def compiled_decode(query, key_cache, value_cache, block_tables, seq_lens, scale, shape: PagedShape):
+def compiled_decode(
+    query,
+    key_cache,
+    value_cache,
+    block_tables,
+    seq_lens,
+    scale,
+    shape: PagedShape,
+    plan: DecodePlan | None = None,
+):
     """``_chunked_decode_graph`` compiled by inductor (a C++ kernel), or None where compiling is not possible.
 
     Sizes that change between calls (sequences, chunks, pool blocks) are
@@ -611,14 +799,17 @@ def compiled_decode(query, key_cache, value_cache, block_tables, seq_lens, scale
             COMPILED.failure = "torch.compile needs inductor and a C++ compiler (g++ or clang++)"
             return None
         COMPILED.fn = torch.compile(_chunked_decode_graph, fullgraph=True, options=COMPILE_OPTIONS)
-    plan = _chunk_plan(
-        block_tables, seq_lens, shape.block_size, _chunk_blocks(shape, key_cache.element_size())
+    chunk_blocks = _chunk_blocks(shape, key_cache.element_size())
+    chunks = (
+        _chunk_plan(block_tables, seq_lens, shape.block_size, chunk_blocks)
+        if plan is None
+        else plan._chunk_tables(chunk_blocks)  # made by the step's first layer, reused by the rest
     )
     # the queries and one zero row for the extra one-token sequence, in one op (the kernel scales them)
     q = torch.nn.functional.pad(query.reshape(shape.num_seqs, -1), (0, 0, 0, 1)).view(
         shape.num_seqs + 1, shape.num_kv_heads, shape.group, shape.head_dim
     )
-    args = (q, _scale_tensor(scale), key_cache, value_cache, *plan)
+    args = (q, _scale_tensor(scale), key_cache, value_cache, *chunks)
     for tensor, dims in zip(args, ((0,), (), (0,), (0,), (0,), (0,), (0,), (0, 1), (0, 1)), strict=True):
         for dim in dims:
             torch._dynamo.maybe_mark_dynamic(tensor, dim)

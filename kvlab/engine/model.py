@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvlab.engine.attention import PREFILL_IMPLS, paged_attention, paged_prefill, write_kv_cache
+from kvlab.engine.attention import PREFILL_IMPLS, paged_prefill, plan_decode, write_kv_cache
 from kvlab.engine.attention import slot_mapping as compute_slots
 from kvlab.errors import (
     InvalidArgumentError,
@@ -231,11 +231,13 @@ class TinyTransformer:
         seq_lens = torch.tensor([start + n], dtype=torch.int32, device=self.device)
         query_lens = torch.tensor([n], dtype=torch.int32, device=self.device)
         slots = compute_slots(table, positions, pool.block_size) if decode else None
+        # the step's tables, checked once for every layer (vLLM builds its attention metadata once a step)
+        plan = plan_decode(table[None, :], seq_lens, pool.layer(0)[0]) if decode else None
 
         def attend(q, k, v, key_cache, value_cache):
-            if decode:
+            if plan is not None:
                 write_kv_cache(k, v, key_cache, value_cache, slots)
-                return paged_attention(q, key_cache, value_cache, table[None, :], seq_lens, impl=impl)
+                return plan.attend(q, key_cache, value_cache, impl=impl)
             return paged_prefill(q, k, v, key_cache, value_cache, table[None, :], seq_lens, query_lens,
                                  impl=impl if impl in PREFILL_IMPLS else "auto")  # fmt: skip
 
@@ -380,10 +382,11 @@ class TinyTransformer:
         bs = pool.block_size
         rows = torch.arange(n, device=self.device)
         slots = tables.to(torch.int64)[rows, pos // bs] * bs + pos % bs
+        plan = plan_decode(tables, seq_lens, pool.layer(0)[0])  # checked once for every layer
 
         def attend(q, k, v, key_cache, value_cache):
             write_kv_cache(k, v, key_cache, value_cache, slots)
-            return paged_attention(q, key_cache, value_cache, tables, seq_lens, impl=impl)
+            return plan.attend(q, key_cache, value_cache, impl=impl)
 
         h = self._layers(ids, pos, pool, attend)
         return self._rms_norm(h) @ self.lm_head.T
