@@ -400,6 +400,10 @@ class DecodePlan:
     _block_tables: torch.Tensor = field(repr=False)  # [num_seqs, columns up to the longest sequence]
     _seq_lens: torch.Tensor = field(repr=False)
     _issued: object = field(default=None, repr=False)
+    total_tokens: int = 0  # the step's cached tokens, all sequences
+    _last_blocks: LastBlocks | None = field(
+        default=None, repr=False
+    )  # each partial last block, for the unwritten-slot test
     _chunks: dict[int, tuple[torch.Tensor, ...]] = field(default_factory=dict, repr=False)
 
     def _chunk_tables(self, chunk_blocks: int) -> tuple[torch.Tensor, ...]:
@@ -478,7 +482,9 @@ def _make_plan(block_tables: object, seq_lens: object, kc: torch.Tensor, num_seq
     else:  # a GPU's tables stay there (Triton reads them); the host arrays were only for the checks
         high, _, _ = _check_host_tables(bt, sl, block_size, num_blocks)
         bt, sl = bt[:, : cdiv(high, block_size)].resolve_neg().clone(), sl.resolve_neg().clone()
-    return DecodePlan(num_seqs, num_blocks, block_size, kc.device, bt, sl, _ISSUED)
+    total = int(host_ints(sl).sum()) if num_seqs else 0
+    last = _last_partial_blocks(sl, bt, block_size) if num_seqs else None
+    return DecodePlan(num_seqs, num_blocks, block_size, kc.device, bt, sl, _ISSUED, total, last)
 
 
 def _check_impl(impl: object, allowed: tuple[str, ...]) -> str:
@@ -628,9 +634,15 @@ def _torch_decode(
     (``_batched_decode``) are exact too but never won against the walk at one
     thread; the benchmark times all three.
     """
+    total = plan.total_tokens if plan is not None else int(host_ints(seq_lens).sum())
+    last = (
+        plan._last_blocks
+        if plan is not None
+        else _last_partial_blocks(seq_lens, block_tables, shape.block_size)
+    )
     if (
-        _compiled_decode_applies(query, key_cache, value_cache, seq_lens, shape)
-        and _unwritten_nonfinite(value_cache, block_tables, seq_lens, shape) is None
+        _compiled_decode_applies(query, key_cache, value_cache, total, shape)
+        and _unwritten_nonfinite(value_cache, last, shape.block_size) is None
     ):
         out = compiled_decode(query, key_cache, value_cache, block_tables, seq_lens, scale, shape, plan=plan)
         if out is not None:
@@ -674,7 +686,7 @@ def compile_available() -> bool:
     return any(shutil.which(cxx) for cxx in ("g++", "c++", "clang++"))
 
 
-def _compiled_decode_applies(query, key_cache, value_cache, seq_lens, shape: PagedShape) -> bool:
+def _compiled_decode_applies(query, key_cache, value_cache, total_tokens: int, shape: PagedShape) -> bool:
     """A CPU call in float32/16/bf16, without autograd, reading at least ``COMPILED_MIN_BYTES`` of K and V."""
     if not COMPILED.enabled or COMPILED.failure is not None or query.device.type != "cpu":
         return False
@@ -686,7 +698,7 @@ def _compiled_decode_applies(query, key_cache, value_cache, seq_lens, shape: Pag
     ):
         return False
     per_token = 2 * shape.num_kv_heads * shape.head_dim * key_cache.element_size()
-    return int(host_ints(seq_lens).sum()) * per_token >= COMPILED_MIN_BYTES  # a CPU tensor: checked above
+    return total_tokens * per_token >= COMPILED_MIN_BYTES
 
 
 def _chunked_decode_graph(
@@ -1162,25 +1174,42 @@ def _flex_call(kind: tuple[torch.dtype, int] | None, *args, **kwargs) -> torch.T
     return out
 
 
+LastBlocks = tuple[np.ndarray, np.ndarray, np.ndarray, torch.Tensor]
+
+
+def _last_partial_blocks(seq_lens, block_tables, block_size: int) -> LastBlocks | None:
+    """The sequences whose last block is partial, those blocks' ids, their tokens, and the ids as an index tensor.
+
+    None when every last block is full (nothing lies past an end). The index math is numpy:
+    a decode step feels torch's per-op cost.
+    """
+    lens = host_ints(seq_lens)
+    tail = lens % block_size
+    partial = np.flatnonzero(tail)
+    if partial.size == 0:
+        return None
+    last = host_ints(block_tables)[partial, (lens[partial] - 1) // block_size]
+    return partial, last, tail[partial], torch.from_numpy(last).to(block_tables.device)
+
+
 def _unwritten_nonfinite(
-    value_cache, block_tables, seq_lens, shape: PagedShape
+    value_cache, last_blocks: LastBlocks | None, block_size: int
 ) -> tuple[int, int, int] | None:
     """The first (sequence, block, slot) past a sequence's end in its last block that holds nan or inf, if any.
 
     Those slots were never written (a fresh pool is ``torch.empty`` memory). A kernel that
     weighs them by 0 still gets nan from them (0 * nan is nan); vLLM's kernel zeroes the last
     block's values past the context length for this reason. Only each sequence's last block
-    is read: one block per sequence.
+    is read, and when all of those hold finite values (the usual case) one test says so.
     """
-    lens = host_ints(seq_lens)  # the index math in numpy: a decode step feels torch's per-op cost
-    tail = lens % shape.block_size
-    partial = np.flatnonzero(tail)
-    if partial.size == 0:  # every last block is full: nothing past an end
+    if last_blocks is None:  # every last block is full: nothing past an end
         return None
-    last = host_ints(block_tables)[partial, (lens[partial] - 1) // shape.block_size]
-    blocks = value_cache[torch.from_numpy(last).to(value_cache.device)]
-    finite = torch.isfinite(blocks).flatten(2).all(dim=2).cpu().numpy()
-    bad = np.argwhere((np.arange(shape.block_size)[None, :] >= tail[partial][:, None]) & ~finite)
+    partial, last, tail, index = last_blocks
+    finite = torch.isfinite(value_cache.index_select(0, index))
+    if bool(finite.all()):
+        return None
+    finite = finite.flatten(2).all(dim=2).cpu().numpy()
+    bad = np.argwhere((np.arange(block_size)[None, :] >= tail[:, None]) & ~finite)
     if len(bad) == 0:
         return None
     row, slot = (int(x) for x in bad[0])
@@ -1189,7 +1218,9 @@ def _unwritten_nonfinite(
 
 def _check_unwritten_values(value_cache, block_tables, seq_lens, shape: PagedShape) -> None:
     """Refuse nan or inf in the slots past each sequence's end in its last block, which flex weighs by 0."""
-    found = _unwritten_nonfinite(value_cache, block_tables, seq_lens, shape)
+    found = _unwritten_nonfinite(
+        value_cache, _last_partial_blocks(seq_lens, block_tables, shape.block_size), shape.block_size
+    )
     if found is not None:
         seq, block, slot = found
         raise InvalidArgumentError(
