@@ -72,6 +72,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -389,8 +390,9 @@ class DecodePlan:
     tensors cannot reach what was checked; ``attend`` runs one layer, checking only its
     query and caches, and the compiled CPU kernel's chunk tables are made on the first
     ``attend`` and reused by the rest. Make a new plan when the tables or lengths change
-    (every step: each sequence grows by one token). Only ``plan_decode`` makes plans that
-    ``attend`` runs: a plan built by hand carries no checked tables.
+    (every step: each sequence grows by one token). Only the plans ``plan_decode`` returns
+    run: one built by hand, or copied with other fields (``dataclasses.replace``), is refused.
+    ``impl`` and ``scale`` are keywords, as in ``paged_attention``.
     """
 
     num_seqs: int
@@ -425,7 +427,7 @@ class DecodePlan:
         impl: str = "auto",
     ) -> torch.Tensor:
         """``paged_attention`` for one layer of this step: the same result, without checking the tables again."""
-        if self._issued is not _ISSUED:
+        if self._issued is not _ISSUED or self not in _ISSUED_PLANS:
             raise InvalidArgumentError(
                 "this DecodePlan was not made by plan_decode, so its tables were never checked: "
                 "make plans with plan_decode(block_tables, seq_lens, key_cache)"
@@ -447,6 +449,9 @@ class DecodePlan:
 
 
 _ISSUED = object()  # what plan_decode gives its plans, so that attend knows their tables were checked
+# the very plans plan_decode made (a copy by dataclasses.replace, whose fields may no longer match its
+# tables, is not among them)
+_ISSUED_PLANS: weakref.WeakSet[DecodePlan] = weakref.WeakSet()
 
 
 def plan_decode(block_tables: torch.Tensor, seq_lens: torch.Tensor, key_cache: torch.Tensor) -> DecodePlan:
@@ -484,7 +489,9 @@ def _make_plan(block_tables: object, seq_lens: object, kc: torch.Tensor, num_seq
         bt, sl = bt[:, : cdiv(high, block_size)].resolve_neg().clone(), sl.resolve_neg().clone()
     total = int(host_ints(sl).sum()) if num_seqs else 0
     last = _last_partial_blocks(sl, bt, block_size) if num_seqs else None
-    return DecodePlan(num_seqs, num_blocks, block_size, kc.device, bt, sl, _ISSUED, total, last)
+    plan = DecodePlan(num_seqs, num_blocks, block_size, kc.device, bt, sl, _ISSUED, total, last)
+    _ISSUED_PLANS.add(plan)
+    return plan
 
 
 def _check_impl(impl: object, allowed: tuple[str, ...]) -> str:
@@ -708,10 +715,10 @@ def _chunked_decode_graph(
 
     ``query`` [num_seqs, kv_heads, group, head_dim] in the cache's dtype; ``scale`` (a float32
     scalar tensor) multiplies each score, once per score rather than once per query element,
-    which inductor would repeat inside every score's sum; the result is [num_seqs - 1, heads,
-    head_dim] in the cache's dtype (the last sequence is the plan's extra one, dropped here, so
-    no eager op follows the kernel);
-    chunk ``c`` is the blocks ``chunk_table[c]`` of sequence ``chunk_seq[c]``,
+    which inductor would repeat inside every score's sum; the plan has one sequence more than
+    ``query`` has rows (its extra one, dropped here, so no eager op follows the kernel), and the
+    result is [num_seqs, heads, head_dim] in the cache's dtype;
+    chunk ``c`` is the blocks ``chunk_table[c]``, scored with query row ``chunk_seq[c]``,
     its first ``chunk_valid[c]`` tokens real; ``seq_chunks[s]`` lists sequence
     ``s``'s chunks (``used`` False on padding). Scores are an elementwise
     product summed over head_dim, not a matmul, so the indexed load of each key
@@ -763,8 +770,9 @@ def _chunk_plan(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: 
     A short last chunk repeats the sequence's last block (always valid; its
     tokens are past ``chunk_valid`` and masked), so no table entry past a
     sequence's end is read. Padding in ``seq_chunks`` repeats a real chunk.
-    One extra one-token sequence (block 0, its result dropped) and one extra
-    padding column keep every dynamic size at least 2: torch.compile
+    One extra one-token sequence (block 0, its result dropped; its chunk reads
+    the last real query row, so the queries need no padded copy) and one extra
+    padding column keep every dynamic size of the plan at least 2: torch.compile
     specialises sizes 0 and 1, and would compile again for a single sequence.
     Computed in numpy (CPU tensors only): these are a few dozen small arrays, and
     numpy's per-call cost is a fraction of torch's, which a small decode call feels.
@@ -784,7 +792,10 @@ def _chunk_plan(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: 
     slot = np.arange(int(n_chunks.max()) + 1)[None, :]
     seq_chunks = np.minimum(first[:, None] + slot, (first + n_chunks - 1)[:, None])
     used = slot < n_chunks[:, None]
-    return tuple(torch.from_numpy(a) for a in (chunk_table, chunk_seq, chunk_valid, seq_chunks, used))
+    query_row = np.minimum(
+        chunk_seq, lens.size - 2
+    )  # the extra sequence reads a real query row: no padded copy
+    return tuple(torch.from_numpy(a) for a in (chunk_table, query_row, chunk_valid, seq_chunks, used))
 
 
 def compiled_decode(
@@ -817,10 +828,8 @@ def compiled_decode(
         if plan is None
         else plan._chunk_tables(chunk_blocks)  # made by the step's first layer, reused by the rest
     )
-    # the queries and one zero row for the extra one-token sequence, in one op (the kernel scales them)
-    q = torch.nn.functional.pad(query.reshape(shape.num_seqs, -1), (0, 0, 0, 1)).view(
-        shape.num_seqs + 1, shape.num_kv_heads, shape.group, shape.head_dim
-    )
+    # the queries as they are (the kernel scales them; the plan's extra sequence reads the last real row)
+    q = query.reshape(shape.num_seqs, shape.num_kv_heads, shape.group, shape.head_dim)
     args = (q, _scale_tensor(scale), key_cache, value_cache, *chunks)
     for tensor, dims in zip(args, ((0,), (), (0,), (0,), (0,), (0,), (0,), (0, 1), (0, 1)), strict=True):
         for dim in dims:

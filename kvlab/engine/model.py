@@ -18,7 +18,8 @@ Two simplifications keep it small and faithful to the course's tokenizer
 
 Keys and values live in a ``KVPool``: per layer, ``[num_blocks, block_size,
 num_kv_heads, head_dim]`` tensors that ``paged_prefill`` writes through the slot
-mapping and ``paged_attention`` reads through the block table.
+mapping and decode reads through the block table (``plan_decode`` once a step, then
+``DecodePlan.attend`` in every layer: ``paged_attention``'s answer, the tables checked once).
 """
 
 from __future__ import annotations
@@ -282,7 +283,7 @@ class TinyTransformer:
     def decode(
         self, token: int, position: int, pool: KVPool, block_table: torch.Tensor, *, impl: str = "auto"
     ) -> torch.Tensor:
-        """One decode step: ``token`` at ``position`` attends over the cache through ``paged_attention``."""
+        """One decode step: ``token`` at ``position`` attends over the cache through one ``DecodePlan`` for every layer."""
         toks = self._check_call([token], position, pool, block_table)
         return self._forward(toks, position, pool, block_table, impl, decode=True)
 
@@ -301,7 +302,7 @@ class TinyTransformer:
         Sequence ``s`` feeds ``tokens[s]`` at ``positions[s]``; row ``s`` of
         ``block_tables`` (int, ``[num_seqs, max_blocks]``, padded with any valid
         id) names its blocks. Every layer runs one matmul over the whole batch
-        and one ``paged_attention`` call over all sequences. Returns logits
+        and one ``DecodePlan.attend`` over all sequences (the step's one plan). Returns logits
         ``[num_seqs, len(output_ids)]``.
         """
         toks = check_tokens("tokens", tokens)

@@ -12,7 +12,7 @@ Requests are ``submit``-ted into a FIFO waiting queue; each ``step``:
    one's first token;
 4. advances every other running request by one token in **one** batched forward pass
    (``TinyTransformer.decode_batch``: one matmul per layer for the whole batch, one
-   ``paged_attention`` call over all their block tables);
+   attention call over all their block tables, through the step's one ``DecodePlan``);
 5. finishes the requests that reached ``max_tokens``.
 
 **Waiting, not preemption.** A request is admitted only when the pool can hold it to its

@@ -132,3 +132,16 @@ def test_an_empty_batch_plans_and_attends_to_nothing():
     _, kc, vc, _, _, _, _ = make_case([5], 16, 2, 4)
     plan = plan_decode(torch.zeros((0, 3), dtype=torch.int32), torch.zeros(0, dtype=torch.int32), kc)
     assert plan.attend(torch.zeros(0, 8, 32), kc, vc).shape == (0, 8, 32)
+
+
+def test_a_copy_of_a_plan_with_other_fields_is_refused():
+    """dataclasses.replace keeps a plan's tables but not the sizes they were checked against."""
+    import dataclasses
+
+    q, kc, vc, bt, sl, _, _ = make_case([5, 40], 16, 2, 4)
+    plan = plan_decode(bt, sl, kc)
+    for changes in ({"num_seqs": 1}, {"num_blocks": kc.shape[0] - 1}, {}):
+        copy = dataclasses.replace(plan, **changes)
+        with pytest.raises(InvalidArgumentError, match="not made by plan_decode"):
+            copy.attend(q[: copy.num_seqs], kc[: copy.num_blocks], vc[: copy.num_blocks])
+    torch.testing.assert_close(plan.attend(q, kc, vc), paged_attention(q, kc, vc, bt, sl), atol=0, rtol=0)
