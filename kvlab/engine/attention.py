@@ -273,20 +273,23 @@ def host_ints(tensor: torch.Tensor) -> np.ndarray:
 
 
 def _check_host_tables(
-    bt: torch.Tensor, sl: torch.Tensor, block_size: int, num_blocks: int
+    bt: torch.Tensor, sl: torch.Tensor, block_size: int, num_blocks: int, own: bool = False
 ) -> tuple[int, np.ndarray, np.ndarray]:
     """``_check_tables``' value checks, in numpy (a decode step feels torch's per-op cost).
 
     Returns the longest length and the host arrays checked: the lengths and the table's
-    columns up to the longest sequence (int64; they may share memory with the tensors).
+    columns up to the longest sequence (int64). They may share memory with the tensors
+    unless ``own``: then each is copied before it is checked, so what was checked is what
+    is kept, whatever writes the caller's tensors meanwhile.
     """
-    lens = host_ints(sl)
+    lens = host_ints(sl).copy() if own else host_ints(sl)
     low = int(lens.min())
     if low < 1:
         raise InvalidArgumentError(f"seq_lens must be at least 1 (the new token is in the cache), got {low}")
     high = int(lens.max())
     _check_reach(int(lens.argmax()), high, bt.shape, block_size)
     table = host_ints(bt[:, : cdiv(high, block_size)])
+    table = table.copy() if own else table
     if table.min() >= 0 and table.max() < num_blocks:  # the usual case: no entry to look at more closely
         return high, lens, table
     used = np.arange(table.shape[1])[None, :] < ((lens + block_size - 1) // block_size)[:, None]
@@ -481,12 +484,9 @@ def _make_plan(block_tables: object, seq_lens: object, kc: torch.Tensor, num_seq
     bt, sl = _check_table_tensors(block_tables, seq_lens, num_seqs, kc.device)
     if num_seqs == 0:
         bt, sl = bt[:, :0].resolve_neg().clone(), sl.resolve_neg().clone()
-    elif kc.device.type == "cpu":
-        high, lens, table = _check_host_tables(bt, sl, block_size, num_blocks)
-        bt, sl = torch.from_numpy(table.copy()), torch.from_numpy(lens.copy())
-    else:  # a GPU's tables stay there (Triton reads them); the host arrays were only for the checks
-        high, _, _ = _check_host_tables(bt, sl, block_size, num_blocks)
-        bt, sl = bt[:, : cdiv(high, block_size)].resolve_neg().clone(), sl.resolve_neg().clone()
+    else:  # the kernels read the very arrays that were checked (a GPU's are copied back to it)
+        _, lens, table = _check_host_tables(bt, sl, block_size, num_blocks, own=True)
+        bt, sl = torch.from_numpy(table).to(kc.device), torch.from_numpy(lens).to(kc.device)
     total = int(host_ints(sl).sum()) if num_seqs else 0
     last = _last_partial_blocks(sl, bt, block_size) if num_seqs else None
     plan = DecodePlan(num_seqs, num_blocks, block_size, kc.device, bt, sl, _ISSUED, total, last)
