@@ -48,7 +48,11 @@ class ScenarioError(KvlabError):
 
     def __init__(self, message: str, index: int | None = None) -> None:
         if type(index) is not int:  # a hostile index still gives a readable error, never a second one
-            index = int.__int__(index) if isinstance(index, int) and not isinstance(index, bool) else None
+            index = (
+                int.__int__(index)
+                if issubclass(type(index), int) and not issubclass(type(index), bool)
+                else None
+            )
         self.index = index
         prefix = f"op {index}: " if index is not None else ""
         super().__init__(prefix + _label(message))
@@ -123,7 +127,7 @@ def _label(name: object) -> str:
     """
     if type(name) is str:
         return name
-    if isinstance(name, str):
+    if issubclass(type(name), str):
         return str.__str__(name)
     return brief(name)
 
@@ -131,7 +135,7 @@ def _label(name: object) -> str:
 def _limit(limit: object) -> tuple[str, int]:
     """``(name, LIMITS.<name>)`` for one of ``Limits``' fields, by exact name."""
     if type(limit) is not str:
-        limit = str.__str__(limit) if isinstance(limit, str) else None
+        limit = str.__str__(limit) if issubclass(type(limit), str) else None
     if limit not in Limits.__dataclass_fields__:
         raise InvalidArgumentError(
             f"unknown limit {brief(limit)}: use one of {', '.join(Limits.__dataclass_fields__)}"
@@ -165,7 +169,7 @@ def brief(value: object, limit: int = 60) -> str:
     if type(value) is int and value.bit_length() > 4 * limit:
         return f"an integer of about {int(value.bit_length() * 0.30103)} digits"
     try:  # a str subclass is shown as its plain text, whatever its own __repr__ does
-        text = str.__repr__(value) if isinstance(value, str) else repr(value)
+        text = str.__repr__(value) if issubclass(type(value), str) else repr(value)
     except Exception:  # a user object whose __repr__ raises
         text = f"<{type(value).__name__} object>"
     if type(text) is not str:  # a __repr__ that returns something else, or a str subclass of its own
@@ -202,17 +206,21 @@ def check_int(name: str, value: object, *, minimum: int | None = None, maximum: 
 
 
 def _as_int(name: str, value: object) -> int:
-    if isinstance(value, int) and not isinstance(value, bool):
+    if issubclass(type(value), int) and not issubclass(type(value), bool):
         return int.__int__(value)  # an int subclass: keep only its plain value, whatever it overrides
     try:
         import numpy as np
 
-        if isinstance(value, np.integer) and not isinstance(value, np.bool_):
-            return int(value)
+        if issubclass(type(value), np.integer) and not issubclass(type(value), np.bool_):
+            return int(
+                np.generic.item(value)
+            )  # its stored value: numpy's own method, not a subclass's __int__
     except ImportError:  # pragma: no cover
         pass
-    if isinstance(value, float) and value.is_integer():
-        raise InvalidArgumentError(f"{name} must be an integer: pass an int, not the float {value!r}")
+    if issubclass(type(value), float) and float.is_integer(value):
+        raise InvalidArgumentError(
+            f"{name} must be an integer: pass an int, not the float {float.__repr__(value)}"
+        )
     raise InvalidArgumentError(f"{name} must be an integer, got {brief(value)} ({type(value).__name__})")
 
 
@@ -250,7 +258,9 @@ def check_choice(name: str, value: object, choices: tuple[str, ...], *, what: st
         choices = _choices(choices)
     if type(value) is str and value in choices:
         return value
-    if isinstance(value, str):  # a str subclass: compare its plain text, never its own __eq__ or __str__
+    if issubclass(
+        type(value), str
+    ):  # a str subclass: compare its plain text, never its own __eq__ or __str__
         plain = str.__str__(value)
         if plain in choices:
             return plain
@@ -262,7 +272,7 @@ def check_choice(name: str, value: object, choices: tuple[str, ...], *, what: st
 def _choices(choices: object) -> tuple[str, ...]:
     """A caller's choices as a tuple of plain strings (compared by value, never by their own ``__eq__``)."""
     items = check_items("choices", choices, what="a tuple of strings")
-    if not all(isinstance(c, str) for c in items):
+    if not all(issubclass(type(c), str) for c in items):
         raise InvalidArgumentError(f"choices must be strings, got {brief(items)}")
     return tuple(str.__str__(c) for c in items)
 
@@ -278,7 +288,7 @@ def check_text(name: str, value: object, *, allow_empty: bool = True) -> str:
         name = _label(name)
     allow_empty = check_bool("allow_empty", allow_empty)
     if type(value) is not str:
-        if not isinstance(value, str):
+        if not issubclass(type(value), str):
             what = "a string" if allow_empty else "a non-empty string"
             raise InvalidArgumentError(f"{name} must be {what}, got {brief(value)} ({type(value).__name__})")
         value = str.__str__(value)  # an exact str copy of a subclass's text
@@ -290,7 +300,7 @@ def check_text(name: str, value: object, *, allow_empty: bool = True) -> str:
 def check_id(name: str, value: object) -> str:
     """Return ``value`` if it is a non-empty ``str`` (a request or sequence id), as plain text (``check_text``)."""
     name = _label(name)
-    if isinstance(value, str):
+    if issubclass(type(value), str):
         plain = check_text(name, value)
         if plain:
             return plain
@@ -302,7 +312,7 @@ def check_optional_str(name: str, value: object, *, allow_empty: bool = True) ->
     name, allow_empty = _label(name), check_bool("allow_empty", allow_empty)
     if value is None:
         return None
-    if isinstance(value, str):
+    if issubclass(type(value), str):
         plain = check_text(name, value)
         if plain or allow_empty:
             return plain

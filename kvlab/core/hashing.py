@@ -201,14 +201,15 @@ def block_hashes(
     most ``LIMITS.block_size``. Each argument is checked once, here; a plain list of ints is
     checked at C speed (``plain_token_ids``) and hashed as it is, without a copy.
     """
-    if not (type(tokens) in _SEQUENCES and plain_token_ids(tokens)):
-        tokens = check_token_ids("tokens", tokens, allow_empty=True)
     if type(block_size) is not int or not 0 < block_size <= LIMITS.block_size:
         block_size = check_size("block_size", block_size, "block_size", minimum=1)
     if type(scheme) is not str or scheme not in SCHEMES:
         scheme = check_choice("scheme", scheme, SCHEMES, what="hash scheme")
     if salt is not None:
         salt = check_salt(salt)
+    # the tokens last: checking the other arguments may run a caller's code, which could change the list
+    if not plain_token_ids(tokens):
+        tokens = check_token_ids("tokens", tokens, allow_empty=True)
     return _chain(
         LESSON_NONE_HASH if scheme == "lesson" else VLLM_NONE_HASH, tokens, block_size, salt, scheme
     )
@@ -221,13 +222,13 @@ def check_token_ids(name: str, tokens: object, *, allow_empty: bool = False) -> 
     subclasses, bad values, the limits) goes through ``check_tokens``, which converts what it
     accepts to plain ints and says what is wrong with what it refuses.
     """
-    if type(tokens) in _SEQUENCES and plain_token_ids(tokens):
+    if plain_token_ids(tokens):
         return list(tokens)  # type: ignore[call-overload]
     return check_tokens(name, tokens, allow_empty=allow_empty)
 
 
-def plain_token_ids(tokens: list[int] | tuple[int, ...]) -> bool:
-    """True when a list or tuple holds 1..``LIMITS.tokens`` plain ``int`` ids, each in 0..MAX_TOKEN_ID.
+def plain_token_ids(tokens: object) -> bool:
+    """True when a list or tuple (exactly those types) holds 1..``LIMITS.tokens`` plain ``int`` ids, each in 0..MAX_TOKEN_ID.
 
     Two C-level passes do the work, no Python code per id. ``marshal`` (format version 2,
     which never shares objects) writes a plain int in the signed 32-bit range as the byte
@@ -241,6 +242,10 @@ def plain_token_ids(tokens: list[int] | tuple[int, ...]) -> bool:
     bit lengths' sum bounds what ``marshal`` writes. False means "not vouched for", not
     "refused": ``check_tokens`` then decides.
     """
+    if (
+        type(tokens) is not list and type(tokens) is not tuple
+    ):  # exactly these: a subclass may lie about its items
+        return False
     n = len(tokens)
     if n <= _FEW:  # a few ids (a decode step): a plain loop costs less than the two passes' setup
         for t in tokens:
@@ -258,7 +263,6 @@ def plain_token_ids(tokens: list[int] | tuple[int, ...]) -> bool:
     return len(packed) == 5 * n + 5 and packed[5::5] == b"i" * n and packed[9::5].isascii()
 
 
-_SEQUENCES = (list, tuple)
 _FEW = 24
 _marshal = marshal.dumps
 _bit_length = int.bit_length

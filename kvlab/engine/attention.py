@@ -70,7 +70,6 @@ dispatch between implementations share their argument checks and are tested agai
 from __future__ import annotations
 
 import math
-import os
 import warnings
 import weakref
 from collections.abc import Callable
@@ -78,7 +77,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvlab.errors import LIMITS, InvalidArgumentError, cdiv
+from kvlab.errors import LIMITS, InvalidArgumentError, brief, cdiv
 
 try:
     import torch
@@ -167,20 +166,23 @@ def _check_int_tensor(name: str, value: torch.Tensor) -> None:
 
 
 def _check_scale(scale: object, head_dim: int) -> float:
+    """A positive finite scale as a plain float, read from its stored value (a subclass's own methods never run)."""
     if scale is None:
         return 1.0 / math.sqrt(head_dim)
-    if isinstance(scale, int) and not isinstance(scale, bool) and scale.bit_length() > 1024:
-        scale = math.inf  # past any float: refused below as not finite
-    if (
-        isinstance(scale, bool)
-        or not isinstance(scale, (int, float))
-        or not math.isfinite(scale)
-        or scale <= 0
-    ):
+    kind = type(scale)
+    value = math.nan
+    if issubclass(kind, float):
+        value = float.__float__(scale)
+    elif issubclass(kind, int) and not issubclass(kind, bool):
+        try:
+            value = float(int.__int__(scale))
+        except OverflowError:  # past any float
+            value = math.inf
+    if not (math.isfinite(value) and value > 0):
         raise InvalidArgumentError(
-            f"scale must be a positive finite number or None (1/sqrt(head_dim)), got {scale!r}"
+            f"scale must be a positive finite number or None (1/sqrt(head_dim)), got {brief(scale)}"
         )
-    return float(scale)
+    return value
 
 
 def check_cache(key_cache: object, value_cache: object) -> tuple[torch.Tensor, torch.Tensor]:
@@ -406,10 +408,8 @@ class DecodePlan:
     _seq_lens: torch.Tensor = field(repr=False)
     _issued: object = field(default=None, repr=False)
     total_tokens: int = 0  # the step's cached tokens, all sequences
-    _last_blocks: LastBlocks | None = field(
-        default=None, repr=False
-    )  # each partial last block, for the unwritten-slot test
     _chunks: dict[int, tuple[torch.Tensor, ...]] = field(default_factory=dict, repr=False)
+    _weightless: dict[int, torch.Tensor | None] = field(default_factory=dict, repr=False)
 
     def _chunk_tables(self, chunk_blocks: int) -> tuple[torch.Tensor, ...]:
         """The compiled kernel's chunk tables for chunks of ``chunk_blocks`` blocks (``_chunk_blocks``), made once."""
@@ -419,6 +419,14 @@ class DecodePlan:
                 self._block_tables, self._seq_lens, self.block_size, chunk_blocks
             )
         return plan
+
+    def _weightless_blocks(self, chunk_blocks: int) -> torch.Tensor | None:
+        """``_weightless_blocks`` for this plan's tables, made once per chunk size."""
+        if chunk_blocks not in self._weightless:
+            self._weightless[chunk_blocks] = _weightless_blocks(
+                self._seq_lens, self._block_tables, self.block_size, chunk_blocks
+            )
+        return self._weightless[chunk_blocks]
 
     def attend(
         self,
@@ -488,18 +496,32 @@ def _make_plan(block_tables: object, seq_lens: object, kc: torch.Tensor, num_seq
         _, lens, table = _check_host_tables(bt, sl, block_size, num_blocks, own=True)
         bt, sl = torch.from_numpy(table).to(kc.device), torch.from_numpy(lens).to(kc.device)
     total = int(host_ints(sl).sum()) if num_seqs else 0
-    last = _last_partial_blocks(sl, bt, block_size) if num_seqs else None
-    plan = DecodePlan(num_seqs, num_blocks, block_size, kc.device, bt, sl, _ISSUED, total, last)
+    plan = DecodePlan(num_seqs, num_blocks, block_size, kc.device, bt, sl, _ISSUED, total)
     _ISSUED_PLANS.add(plan)
     return plan
 
 
 def _check_impl(impl: object, allowed: tuple[str, ...]) -> str:
+    if type(impl) is not str:  # exactly str: a subclass's own __eq__ could answer differently each time
+        raise InvalidArgumentError(f"impl must be one of {', '.join(allowed)}, got {brief(impl)}")
     if impl == "flex" and "flex" not in allowed:
         raise InvalidArgumentError("impl='flex' is for decode only; use one of " + ", ".join(allowed))
     if not isinstance(impl, str) or impl not in allowed:
         raise InvalidArgumentError(f"unknown impl {impl!r}: use one of {', '.join(allowed)}")
     return impl
+
+
+def _triton_interpreted() -> bool:
+    """Whether kvlab's Triton kernel runs in Triton's interpreter (on a CPU), as ``TRITON_INTERPRET=1`` set before import makes it."""
+    if not triton_available():
+        return False
+    import triton.language.standard as triton_standard
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from kvlab.engine.triton_paged import paged_decode_kernel
+
+    # Triton's own helpers are decorated when triton is imported: set later, the variable reaches only kvlab's kernel
+    return all(isinstance(f, InterpretedFunction) for f in (paged_decode_kernel, triton_standard.cdiv))
 
 
 def triton_available() -> bool:
@@ -541,7 +563,7 @@ def _decode(query, key_cache, value_cache, plan: DecodePlan, shape: PagedShape, 
     """The decode after its checks: the tables are the plan's private copies."""
     if impl == "auto":
         impl = "triton" if query.is_cuda and triton_available() else "torch"
-    if impl == "triton" and not query.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+    if impl == "triton" and not query.is_cuda and not _triton_interpreted():
         raise InvalidArgumentError(
             "impl='triton' runs on a GPU: pass CUDA tensors, or use impl='torch' on the CPU "
             "(Triton's interpreter, TRITON_INTERPRET=1 set before triton is imported, runs it on a CPU slowly)"
@@ -642,14 +664,8 @@ def _torch_decode(
     thread; the benchmark times all three.
     """
     total = plan.total_tokens if plan is not None else int(host_ints(seq_lens).sum())
-    last = (
-        plan._last_blocks
-        if plan is not None
-        else _last_partial_blocks(seq_lens, block_tables, shape.block_size)
-    )
-    if (
-        _compiled_decode_applies(query, key_cache, value_cache, total, shape)
-        and _unwritten_nonfinite(value_cache, last, shape.block_size) is None
+    if _compiled_decode_applies(query, key_cache, value_cache, total, shape) and _weightless_finite(
+        value_cache, block_tables, seq_lens, shape, plan
     ):
         out = compiled_decode(query, key_cache, value_cache, block_tables, seq_lens, scale, shape, plan=plan)
         if out is not None:
@@ -691,6 +707,36 @@ def compile_available() -> bool:
     except ImportError:  # pragma: no cover - a torch without inductor
         return False
     return any(shutil.which(cxx) for cxx in ("g++", "c++", "clang++"))
+
+
+def _weightless_blocks(seq_lens, block_tables, block_size: int, chunk_blocks: int) -> torch.Tensor | None:
+    """The blocks whose values the compiled kernel weighs by 0 somewhere, as an index tensor (None: none).
+
+    A partial last block's slots past the end (never written: a fresh pool is
+    ``torch.empty`` memory), and a short last chunk's padding, which repeats the
+    sequence's last block. 0 * inf and 0 * nan are nan, so a call whose such blocks hold
+    anything but finite values runs the walk, which reads only real slots (vLLM's kernel
+    zeroes the last block's values past the context length for the same reason).
+    """
+    lens = host_ints(seq_lens)
+    n_blocks = (lens + block_size - 1) // block_size
+    chosen = np.flatnonzero((lens % block_size != 0) | (n_blocks % chunk_blocks != 0))
+    if chosen.size == 0:
+        return None
+    last = np.unique(host_ints(block_tables)[chosen, n_blocks[chosen] - 1])
+    return torch.from_numpy(last).to(block_tables.device)
+
+
+def _weightless_finite(
+    value_cache, block_tables, seq_lens, shape: PagedShape, plan: DecodePlan | None
+) -> bool:
+    """Whether every block the compiled kernel weighs by 0 somewhere holds finite values (one test of them all)."""
+    chunk_blocks = _chunk_blocks(shape, value_cache.element_size())
+    if plan is not None:
+        blocks = plan._weightless_blocks(chunk_blocks)
+    else:
+        blocks = _weightless_blocks(seq_lens, block_tables, shape.block_size, chunk_blocks)
+    return blocks is None or bool(torch.isfinite(value_cache.index_select(0, blocks)).all())
 
 
 def _compiled_decode_applies(query, key_cache, value_cache, total_tokens: int, shape: PagedShape) -> bool:
