@@ -185,10 +185,18 @@ def _check_scale(scale: object, head_dim: int) -> float:
     return value
 
 
+def _check_pool(name: str, value: object) -> torch.Tensor:
+    """One KV pool tensor's layout: 4 dimensions, none empty, each backed by memory (no zero stride)."""
+    pool = _check_tensor(name, value, 4, "[num_blocks, block_size, num_kv_heads, head_dim]")
+    if min(pool.shape) < 1:
+        raise InvalidArgumentError(f"{name} has an empty dimension: shape {tuple(pool.shape)}")
+    _refuse_expanded(name, pool)
+    return pool
+
+
 def check_cache(key_cache: object, value_cache: object) -> tuple[torch.Tensor, torch.Tensor]:
     """Validate a layer's KV pool pair and return it."""
-    kc = _check_tensor("key_cache", key_cache, 4, "[num_blocks, block_size, num_kv_heads, head_dim]")
-    vc = _check_tensor("value_cache", value_cache, 4, "[num_blocks, block_size, num_kv_heads, head_dim]")
+    kc, vc = _check_pool("key_cache", key_cache), _check_pool("value_cache", value_cache)
     if kc.shape != vc.shape:
         raise InvalidArgumentError(
             f"key_cache {tuple(kc.shape)} and value_cache {tuple(vc.shape)} must have the same shape"
@@ -202,10 +210,7 @@ def check_cache(key_cache: object, value_cache: object) -> tuple[torch.Tensor, t
         raise InvalidArgumentError(
             f"key_cache is on {kc.device} but value_cache on {vc.device}: move them together"
         )
-    if min(kc.shape) < 1:
-        raise InvalidArgumentError(f"key_cache has an empty dimension: shape {tuple(kc.shape)}")
     for name, t in (("key_cache", kc), ("value_cache", vc)):
-        _refuse_expanded(name, t)
         if t.requires_grad:
             raise InvalidArgumentError(
                 f"{name} requires grad; kvlab's paged attention is for inference: pass {name}.detach()"
@@ -406,7 +411,6 @@ class DecodePlan:
     device: torch.device
     _block_tables: torch.Tensor = field(repr=False)  # [num_seqs, columns up to the longest sequence]
     _seq_lens: torch.Tensor = field(repr=False)
-    _issued: object = field(default=None, repr=False)
     total_tokens: int = 0  # the step's cached tokens, all sequences
     _chunks: dict[int, tuple[torch.Tensor, ...]] = field(default_factory=dict, repr=False)
     _weightless: dict[int, torch.Tensor | None] = field(default_factory=dict, repr=False)
@@ -438,7 +442,7 @@ class DecodePlan:
         impl: str = "auto",
     ) -> torch.Tensor:
         """``paged_attention`` for one layer of this step: the same result, without checking the tables again."""
-        if self._issued is not _ISSUED or self not in _ISSUED_PLANS:
+        if self not in _ISSUED_PLANS:
             raise InvalidArgumentError(
                 "this DecodePlan was not made by plan_decode, so its tables were never checked: "
                 "make plans with plan_decode(block_tables, seq_lens, key_cache)"
@@ -459,9 +463,8 @@ class DecodePlan:
         return _decode(q, kc, vc, self, _paged_shape(q, kc, self), _check_scale(scale, kc.shape[3]), impl)
 
 
-_ISSUED = object()  # what plan_decode gives its plans, so that attend knows their tables were checked
-# the very plans plan_decode made (a copy by dataclasses.replace, whose fields may no longer match its
-# tables, is not among them)
+# the very plans plan_decode made, whose tables were checked (a plan built by hand, or a copy by
+# dataclasses.replace whose fields may no longer match its tables, is not among them)
 _ISSUED_PLANS: weakref.WeakSet[DecodePlan] = weakref.WeakSet()
 
 
@@ -473,10 +476,7 @@ def plan_decode(block_tables: torch.Tensor, seq_lens: torch.Tensor, key_cache: t
     equals ``paged_attention(query, key_cache, value_cache, block_tables, seq_lens)`` for
     each layer's caches.
     """
-    kc = _check_tensor("key_cache", key_cache, 4, "[num_blocks, block_size, num_kv_heads, head_dim]")
-    if min(kc.shape) < 1:
-        raise InvalidArgumentError(f"key_cache has an empty dimension: shape {tuple(kc.shape)}")
-    _refuse_expanded("key_cache", kc)
+    kc = _check_pool("key_cache", key_cache)
     bt = _check_tensor("block_tables", block_tables, 2, "[num_seqs, max_blocks_per_seq]")
     sl = _check_tensor("seq_lens", seq_lens, 1, "[num_seqs]")
     if bt.shape[0] != sl.shape[0]:
@@ -496,7 +496,7 @@ def _make_plan(block_tables: object, seq_lens: object, kc: torch.Tensor, num_seq
         _, lens, table = _check_host_tables(bt, sl, block_size, num_blocks, own=True)
         bt, sl = torch.from_numpy(table).to(kc.device), torch.from_numpy(lens).to(kc.device)
     total = int(host_ints(sl).sum()) if num_seqs else 0
-    plan = DecodePlan(num_seqs, num_blocks, block_size, kc.device, bt, sl, _ISSUED, total)
+    plan = DecodePlan(num_seqs, num_blocks, block_size, kc.device, bt, sl, total)
     _ISSUED_PLANS.add(plan)
     return plan
 
@@ -591,7 +591,7 @@ def _decode(query, key_cache, value_cache, plan: DecodePlan, shape: PagedShape, 
     if impl == "reference":
         return _reference_decode(query, key_cache, value_cache, block_tables, seq_lens, scale_, shape)
     if impl == "torch":
-        return _torch_decode(query, key_cache, value_cache, block_tables, seq_lens, scale_, shape, plan=plan)
+        return _torch_decode(query, key_cache, value_cache, plan, scale_, shape)
     if impl == "flex":
         return flex_decode(query, key_cache, value_cache, block_tables, seq_lens, scale_, shape)
     if not triton_available():
@@ -643,16 +643,7 @@ def _cpu_flash() -> Callable[..., tuple[torch.Tensor, torch.Tensor]] | None:
     return getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
-def _torch_decode(
-    query,
-    key_cache,
-    value_cache,
-    block_tables,
-    seq_lens,
-    scale,
-    shape: PagedShape,
-    plan: DecodePlan | None = None,
-):
+def _torch_decode(query, key_cache, value_cache, plan: DecodePlan, scale, shape: PagedShape):
     """``impl="torch"``: the compiled CPU decode for big calls, else the per-sequence walk.
 
     The compiled kernel (``compiled_decode``) reads K and V in place, in one
@@ -663,10 +654,10 @@ def _torch_decode(
     (``_batched_decode``) are exact too but never won against the walk at one
     thread; the benchmark times all three.
     """
-    total = plan.total_tokens if plan is not None else int(host_ints(seq_lens).sum())
-    if _compiled_decode_applies(query, key_cache, value_cache, total, shape) and _weightless_finite(
-        value_cache, block_tables, seq_lens, shape, plan
-    ):
+    block_tables, seq_lens = plan._block_tables, plan._seq_lens
+    if _compiled_decode_applies(
+        query, key_cache, value_cache, plan.total_tokens, shape
+    ) and _weightless_finite(value_cache, plan, shape):
         out = compiled_decode(query, key_cache, value_cache, block_tables, seq_lens, scale, shape, plan=plan)
         if out is not None:
             return out
@@ -727,15 +718,9 @@ def _weightless_blocks(seq_lens, block_tables, block_size: int, chunk_blocks: in
     return torch.from_numpy(last).to(block_tables.device)
 
 
-def _weightless_finite(
-    value_cache, block_tables, seq_lens, shape: PagedShape, plan: DecodePlan | None
-) -> bool:
+def _weightless_finite(value_cache, plan: DecodePlan, shape: PagedShape) -> bool:
     """Whether every block the compiled kernel weighs by 0 somewhere holds finite values (one test of them all)."""
-    chunk_blocks = _chunk_blocks(shape, value_cache.element_size())
-    if plan is not None:
-        blocks = plan._weightless_blocks(chunk_blocks)
-    else:
-        blocks = _weightless_blocks(seq_lens, block_tables, shape.block_size, chunk_blocks)
+    blocks = plan._weightless_blocks(_chunk_blocks(shape, value_cache.element_size()))
     return blocks is None or _blocks_finite(value_cache, blocks)
 
 
@@ -1245,42 +1230,23 @@ def _flex_call(kind: tuple[torch.dtype, int] | None, *args, **kwargs) -> torch.T
     return out
 
 
-LastBlocks = tuple[np.ndarray, np.ndarray, np.ndarray, torch.Tensor]
-
-
-def _last_partial_blocks(seq_lens, block_tables, block_size: int) -> LastBlocks | None:
-    """The sequences whose last block is partial, those blocks' ids, their tokens, and the ids as an index tensor.
-
-    None when every last block is full (nothing lies past an end). The index math is numpy:
-    a decode step feels torch's per-op cost.
-    """
-    lens = host_ints(seq_lens)
-    tail = lens % block_size
-    partial = np.flatnonzero(tail)
-    if partial.size == 0:
-        return None
-    last = host_ints(block_tables)[partial, (lens[partial] - 1) // block_size]
-    return partial, last, tail[partial], torch.from_numpy(last).to(block_tables.device)
-
-
-def _unwritten_nonfinite(
-    value_cache, last_blocks: LastBlocks | None, block_size: int
-) -> tuple[int, int, int] | None:
+def _unwritten_nonfinite(value_cache, block_tables, seq_lens, block_size: int) -> tuple[int, int, int] | None:
     """The first (sequence, block, slot) past a sequence's end in its last block that holds nan or inf, if any.
 
     Those slots were never written (a fresh pool is ``torch.empty`` memory). A kernel that
     weighs them by 0 still gets nan from them (0 * nan is nan); vLLM's kernel zeroes the last
     block's values past the context length for this reason. Only each sequence's last block
-    is read, and when all of those hold finite values (the usual case) one test says so.
+    is read; the index math is numpy (a decode step feels torch's per-op cost).
     """
-    if last_blocks is None:  # every last block is full: nothing past an end
+    lens = host_ints(seq_lens)
+    tail = lens % block_size
+    partial = np.flatnonzero(tail)
+    if partial.size == 0:  # every last block is full: nothing past an end
         return None
-    partial, last, tail, index = last_blocks
-    finite = torch.isfinite(value_cache.index_select(0, index))
-    if bool(finite.all()):
-        return None
-    finite = finite.flatten(2).all(dim=2).cpu().numpy()
-    bad = np.argwhere((np.arange(block_size)[None, :] >= tail[:, None]) & ~finite)
+    last = host_ints(block_tables)[partial, (lens[partial] - 1) // block_size]
+    blocks = value_cache.index_select(0, torch.from_numpy(last).to(value_cache.device))
+    finite = torch.isfinite(blocks).flatten(2).all(dim=2).cpu().numpy()
+    bad = np.argwhere((np.arange(block_size)[None, :] >= tail[partial][:, None]) & ~finite)
     if len(bad) == 0:
         return None
     row, slot = (int(x) for x in bad[0])
@@ -1289,9 +1255,7 @@ def _unwritten_nonfinite(
 
 def _check_unwritten_values(value_cache, block_tables, seq_lens, shape: PagedShape) -> None:
     """Refuse nan or inf in the slots past each sequence's end in its last block, which flex weighs by 0."""
-    found = _unwritten_nonfinite(
-        value_cache, _last_partial_blocks(seq_lens, block_tables, shape.block_size), shape.block_size
-    )
+    found = _unwritten_nonfinite(value_cache, block_tables, seq_lens, shape.block_size)
     if found is not None:
         seq, block, slot = found
         raise InvalidArgumentError(
