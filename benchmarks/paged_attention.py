@@ -286,7 +286,8 @@ def gbps(nbytes: int, ms: float) -> float:
     return nbytes / ms / 1e6
 
 
-def bench_cpu_shape(shape: Shape, reps: int, with_flex: bool, copy: Timing) -> None:
+def bench_cpu_shape(shape: Shape, reps: int, with_flex: bool, copy: Timing) -> tuple[float, float, float]:
+    """Time one CPU shape; return a planned layer's ratio to the faster SDPA form, with its spread (``report_step``)."""
     case = build(shape, "cpu")
     sdpa = sdpa_calls(shape, case)
     paged = paged_calls(case, "cpu", with_flex)
@@ -325,14 +326,18 @@ def bench_cpu_shape(shape: Shape, reps: int, with_flex: bool, copy: Timing) -> N
             f"{t.cpu_median_ms:>9.2f}{t.cpu_median_ms / cpu_base:>11.2f}x{gbps(kv, t.median_ms):>7.1f}"
             f"{gbps(kv, t.cpu_median_ms):>9.1f}{gbps(kv, t.cpu_median_ms) / copy_gbps:>8.0%}"
         )
-    report_step(case, times["paged torch, planned"], base)
+    return report_step(case, times["paged torch, planned"], base)
 
 
 STEP_LAYERS = 32  # a Llama-7B-sized model: every layer of a step attends through the same tables
 
 
-def report_step(case: Case, planned: Timing, base: Timing) -> None:
-    """A decode step's attention per layer when ``STEP_LAYERS`` layers share one plan, as vLLM and FlashInfer share theirs."""
+def report_step(case: Case, planned: Timing, base: Timing) -> tuple[float, float, float]:
+    """A decode step's attention per layer when ``STEP_LAYERS`` layers share one plan, as vLLM and FlashInfer share theirs.
+
+    Returns the per-layer ratio to SDPA's median, and the spread the quartiles allow: the
+    planned layer's first quartile over SDPA's third, and its third over SDPA's first.
+    """
     shape, _ = check_decode_args(
         case.query, case.key_cache, case.value_cache, case.tables, case.seq_lens, None
     )
@@ -348,6 +353,30 @@ def report_step(case: Case, planned: Timing, base: Timing) -> None:
         f"a {STEP_LAYERS}-layer step, per layer: attend + plan/{STEP_LAYERS} = {per_layer:.2f} ms = "
         f"{per_layer / base.median_ms:.2f}x SDPA (wall medians)"
     )
+    share = plan.median_ms / STEP_LAYERS
+    return (
+        per_layer / base.median_ms,
+        (planned.q1_ms + share) / base.q3_ms,
+        (planned.q3_ms + share) / base.q1_ms,
+    )
+
+
+GOAL_RATIO = 1.2  # the CPU decode's goal: a planned layer at most this many times the faster SDPA form
+
+
+def report_goal(rows: list[tuple[int, str, tuple[float, float, float]]]) -> None:
+    """Every CPU shape and thread count against ``GOAL_RATIO``, in one table at the end of the run."""
+    print(
+        f"\ngoal: a planned layer (per layer of a {STEP_LAYERS}-layer step) at most {GOAL_RATIO}x the faster SDPA form"
+    )
+    print(f"  {'shape':<44}{'threads':>8}{'ratio':>8}{'quartile spread':>18}  verdict")
+    for threads, name, (ratio, low, high) in rows:
+        verdict = "met" if ratio <= GOAL_RATIO else "not met"
+        if low <= GOAL_RATIO < high:
+            verdict += " (the goal is inside the spread)"
+        print(f"  {name:<44}{threads:>8}{ratio:>7.2f}x{f'{low:.2f}-{high:.2f}x':>18}  {verdict}")
+    met = sum(ratio <= GOAL_RATIO for *_, (ratio, _, _) in rows)
+    print(f"  {met} of {len(rows)} met")
 
 
 def bench_gpu_shape(shape: Shape, reps: int, peak_gbps: float | None) -> None:
@@ -450,6 +479,7 @@ def main() -> None:
         f"torch {torch.__version__}, default {DEFAULT_THREADS} CPU thread(s), cuda={torch.cuda.is_available()}"
     )
     if not args.gpu_only:
+        goal_rows = []
         for threads in args.threads:
             torch.set_num_threads(threads)
             copy = copy_bandwidth(args.reps)
@@ -460,10 +490,14 @@ def main() -> None:
             for shape in QUICK_CPU_SHAPES if args.quick else CPU_SHAPES:
                 if args.shape not in shape.name:
                     continue
-                bench_cpu_shape(shape, args.reps, not args.no_flex, copy)
+                goal_rows.append(
+                    (threads, shape.name, bench_cpu_shape(shape, args.reps, not args.no_flex, copy))
+                )
             if not args.skip_prefill:
                 bench_prefill(512 if args.quick else 2048, args.reps)
         torch.set_num_threads(DEFAULT_THREADS)
+        if goal_rows:
+            report_goal(goal_rows)
     if torch.cuda.is_available():
         name = torch.cuda.get_device_name()
         peak = args.peak_gbps or next((v for k, v in PEAK_GBPS.items() if k in name), None)

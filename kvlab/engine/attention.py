@@ -878,9 +878,10 @@ def compiled_decode(
     # the queries as they are (the kernel scales them; the plan's extra sequence reads the last real row)
     q = query.reshape(shape.num_seqs, shape.num_kv_heads, shape.group, shape.head_dim)
     args = (q, _scale_tensor(scale), key_cache, value_cache, *chunks)
-    for tensor, dims in zip(args, ((0,), (), (0,), (0,), (0,), (0,), (0,), (0, 1), (0, 1)), strict=True):
-        for dim in dims:
-            torch._dynamo.maybe_mark_dynamic(tensor, dim)
+    if kind not in COMPILED.kinds:  # once compiled with these sizes symbolic, later calls reuse that graph
+        for tensor, dims in zip(args, _DYNAMIC_DIMS, strict=True):
+            for dim in dims:
+                torch._dynamo.maybe_mark_dynamic(tensor, dim)
     config = torch._dynamo.config
     saved = config.fail_on_recompile_limit_hit, config.recompile_limit
     try:  # set and restored by hand: config.patch costs a context manager's setup on every call
@@ -906,6 +907,9 @@ def compiled_decode(
     COMPILED.kinds.add(kind)
     return out
 
+
+# the sizes that change between calls, per argument of _chunked_decode_graph: sequences, pool blocks, chunks
+_DYNAMIC_DIMS = ((0,), (), (0,), (0,), (0,), (0,), (0,), (0, 1), (0, 1))
 
 _SCALES: dict[float, torch.Tensor] = {}
 

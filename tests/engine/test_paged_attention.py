@@ -242,6 +242,22 @@ def test_the_compiled_decode_takes_any_scale_without_compiling_again(compiled_fo
 
 @needs_compiler
 @pytest.mark.slow
+def test_the_compiled_decode_serves_new_batch_and_pool_sizes_without_compiling_again(compiled_for_every_size):
+    """Sizes are marked dynamic only until a kind has compiled; later batches and pools reuse that graph."""
+    from torch._dynamo.utils import counters
+
+    paged_attention(*make_case([30, 70], 16, 2, 2, seed=20)[:5], impl="torch")
+    graphs = counters["stats"]["unique_graphs"]
+    for lens, spare in (([5, 90, 33], 3), ([200, 17, 64, 64, 3], 40), ([48, 49], 7)):
+        q, kc, vc, bt, sl, keys, values = make_case(lens, 16, 2, 2, seed=len(lens), spare_blocks=spare)
+        out = paged_attention(q, kc, vc, bt, sl, impl="torch")
+        torch.testing.assert_close(out.double(), dense_f64(q, keys, values), atol=1e-5, rtol=0)
+    assert counters["stats"]["unique_graphs"] == graphs
+    assert (torch.float32, 16, 2, 2, 32) in attention.COMPILED.kinds
+
+
+@needs_compiler
+@pytest.mark.slow
 def test_the_compiled_decode_leaves_dynamo_s_settings_as_it_found_them(compiled_for_every_size):
     """It raises dynamo's recompile limit for its own call only: a user's torch.compile keeps its settings."""
     config = torch._dynamo.config
