@@ -64,3 +64,17 @@ def test_short_fuzz_against_sglang():
     import fuzz_sglang
 
     assert fuzz_sglang.run(range(4), 100) == 400
+
+
+@needs_vllm
+def test_the_benchmark_s_vllm_prompt_check_is_vllm_s_own_with_kvlab_s_bound():
+    """benchmarks/prefix_cache.py times vLLM's own prompt check: it passes 0..MAX_TOKEN_ID and refuses what lies outside."""
+    from kvlab.errors import MAX_TOKEN_ID
+
+    v = vllm_harness.load()
+    validate = v.renderers.BaseRenderer.validate_token_ids
+    renderer = vllm_harness.TokenIdRenderer(MAX_TOKEN_ID + 1)
+    validate(renderer, [0, 17, MAX_TOKEN_ID])
+    for bad in ([3, -1], [MAX_TOKEN_ID + 1, 2]):
+        with pytest.raises(v.exceptions.VLLMValidationError, match="out of vocabulary"):
+            validate(renderer, bad)

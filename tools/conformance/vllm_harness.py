@@ -7,7 +7,10 @@ The real code runs, unchanged, from the unpacked wheel: ``KVCacheManager``
 ``FullAttentionManager`` (``single_type_kv_cache_manager.py``), ``BlockPool``,
 ``FreeKVCacheBlockQueue`` and the request block hasher (``kv_cache_utils.py``),
 ``vllm.utils.hashing.sha256``, ``KVCacheConfig``/``FullAttentionSpec``
-(``kv_cache_interface.py``) and the ``Request`` class (``vllm/v1/request.py``).
+(``kv_cache_interface.py``) and the ``Request`` class (``vllm/v1/request.py``);
+and, for the benchmark, ``BaseRenderer.validate_token_ids`` (``vllm/renderers/base.py``),
+the check ``InputProcessor`` runs on every prompt's token ids before the request is
+scheduled (``vllm/v1/engine/input_processor.py``), with ``vllm.exceptions``.
 Every other vllm module is a stub (see ``stubload.py``); the few names the real
 code calls from stubbed modules get small stand-ins (``ConstantList``,
 ``length_from_prompt_token_ids_or_embeds``, ``SamplingParams``...), listed in
@@ -61,6 +64,8 @@ REAL_MODULES = (
     "vllm.v1.core.single_type_kv_cache_manager",
     "vllm.v1.core.kv_cache_coordinator",
     "vllm.v1.core.kv_cache_manager",
+    "vllm.exceptions",
+    "vllm.renderers.base",
 )
 MAX_MODEL_LEN = 1 << 30  # never the binding limit in a replay
 
@@ -123,6 +128,28 @@ class _Platform:
         return None  # the CUDA platform registers no extra spec types
 
 
+class _ModelConfig:
+    def __init__(self, vocab_size: int) -> None:
+        self._vocab_size = vocab_size
+
+    def get_vocab_size(self) -> int:
+        return self._vocab_size
+
+
+class TokenIdRenderer:
+    """What ``BaseRenderer.validate_token_ids`` reads from its renderer: the model config, and no tokenizer.
+
+    Without a tokenizer (vLLM's ``skip_tokenizer_init``) the model's vocabulary is the
+    only bound: ids in 0..vocab_size-1 pass, as ids in 0..MAX_TOKEN_ID pass kvlab's check
+    when ``vocab_size`` is ``MAX_TOKEN_ID + 1``.
+    """
+
+    tokenizer = None
+
+    def __init__(self, vocab_size: int) -> None:
+        self.model_config = _ModelConfig(vocab_size)
+
+
 def _overrides() -> dict[str, dict[str, Any]]:
     return {
         "vllm.v1.utils": {"ConstantList": ConstantList, "tensor_data": None},
@@ -149,6 +176,8 @@ class Vllm:
         self.request = importlib.import_module("vllm.v1.request")
         self.utils = importlib.import_module("vllm.v1.core.kv_cache_utils")
         self.manager = importlib.import_module("vllm.v1.core.kv_cache_manager")
+        self.renderers = importlib.import_module("vllm.renderers.base")
+        self.exceptions = importlib.import_module("vllm.exceptions")
         seed = os.environ.pop("PYTHONHASHSEED", None)
         try:
             self.utils.init_none_hash(self.hashing.sha256)
