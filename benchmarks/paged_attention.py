@@ -66,7 +66,7 @@ from kvlab.engine.attention import (
     triton_available,
 )
 from kvlab.engine.chat import context_needed
-from kvlab.lessons.attention_demo import CPU_GOAL
+from kvlab.lessons.attention_demo import CPU_GOAL, goal_verdict
 
 PEAK_GBPS = {"H200": 4800.0, "H100": 3350.0, "A100": 2039.0}
 DEFAULT_THREADS = torch.get_num_threads()
@@ -219,9 +219,7 @@ def sdpa_calls(shape: Shape, case: Case) -> dict[str, Callable[[], torch.Tensor]
 
 def paged_calls(case: Case, device: str, with_flex: bool) -> dict[str, Callable[[], torch.Tensor]]:
     args = (case.query, case.key_cache, case.value_cache, case.tables, case.seq_lens)
-    plan = plan_decode(
-        case.tables, case.seq_lens, case.key_cache
-    )  # a step's tables, checked once for every layer
+    plan = plan_decode(case.tables, case.seq_lens, case.key_cache)  # checked once for every layer of a step
     calls: dict[str, Callable[[], torch.Tensor]] = {
         "paged torch": lambda: paged_attention(*args, impl="torch"),
         "paged torch, planned": lambda: plan.attend(*args[:3], impl="torch"),
@@ -358,15 +356,6 @@ def report_step(case: Case, planned: Timing, base: Timing) -> tuple[float, float
         f"{ratio:.2f}x SDPA (wall medians)"
     )
     return (ratio, *per_layer.ratio_spread(base))
-
-
-def goal_verdict(low: float, high: float, goal: float = CPU_GOAL) -> str:
-    """The notebooks' reading of a ratio's spread against a goal: met, not met, or undecided in this run."""
-    if high <= goal:
-        return "met"
-    if low > goal:
-        return "not met"
-    return "undecided"
 
 
 def report_goal(rows: list[tuple[int, str, tuple[float, float, float]]]) -> None:

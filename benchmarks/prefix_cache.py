@@ -423,14 +423,12 @@ def compare_with_vllm(scenario: dict, repeats: int, hash_prompts: int) -> None:
     def kvlab_chain_only() -> list[list[bytes]]:  # what PrefixCache runs on tokens it has checked once
         return [hashing._chain(hashing.VLLM_NONE_HASH, toks, bs, None, "vllm") for toks in prompts]
 
-    validate = v.renderers.BaseRenderer.validate_token_ids
-    renderer = vllm_token_id_renderer()
+    validate = v.token_id_check(MAX_TOKEN_ID + 1)  # ids bounded as kvlab's check bounds them
 
-    def vllm_checked_chain() -> list[
-        list[bytes]
-    ]:  # what a request passes: InputProcessor's check, then hashing
+    # what a request passes: InputProcessor's check of its ids, then the scheduler's hashing
+    def vllm_checked_chain() -> list[list[bytes]]:
         for toks in prompts:
-            validate(renderer, toks)
+            validate(toks)
         return vllm_chain()
 
     ours, theirs = "kvlab hashing.block_hashes (vllm scheme)", "vLLM hash_block_tokens chain"
@@ -462,13 +460,6 @@ def compare_with_vllm(scenario: dict, repeats: int, hash_prompts: int) -> None:
         f"BaseRenderer.validate_token_ids, min and max against the vocabulary, before the scheduler hashes its "
         f"blocks): kvlab runs at {ratio:.2f}x the speed of vLLM's own code"
     )
-
-
-def vllm_token_id_renderer() -> Any:
-    """The renderer state ``validate_token_ids`` reads, bounding ids as kvlab's check does (0..MAX_TOKEN_ID)."""
-    import vllm_harness
-
-    return vllm_harness.TokenIdRenderer(MAX_TOKEN_ID + 1)
 
 
 _CHILD = (

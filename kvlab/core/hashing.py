@@ -242,9 +242,8 @@ def plain_token_ids(tokens: object) -> bool:
     bit lengths' sum bounds what ``marshal`` writes. False means "not vouched for", not
     "refused": ``check_tokens`` then decides.
     """
-    if (
-        type(tokens) is not list and type(tokens) is not tuple
-    ):  # exactly these: a subclass may lie about its items
+    # exactly these types: a subclass may lie about its items
+    if type(tokens) is not list and type(tokens) is not tuple:
         return False
     n = len(tokens)
     if n <= _FEW:  # a few ids (a decode step): a plain loop costs less than the two passes' setup

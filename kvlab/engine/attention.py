@@ -373,9 +373,8 @@ def check_decode_args(
 
 def _check_decode(query, key_cache, value_cache, block_tables, seq_lens, scale):
     """``check_decode_args`` and the step's ``DecodePlan`` made from the values it checked."""
-    _check_tensor(
-        "query", query, 3, "[num_seqs, num_heads, head_dim]"
-    )  # the query first, as it is named first
+    # the query's type and dimensions first, as it is named first (its dtype and device after the caches)
+    _check_tensor("query", query, 3, "[num_seqs, num_heads, head_dim]")
     kc, vc = check_cache(key_cache, value_cache)
     q = _check_query(query, kc)
     plan = _make_plan(block_tables, seq_lens, kc, q.shape[0])
@@ -490,12 +489,13 @@ def _make_plan(block_tables: object, seq_lens: object, kc: torch.Tensor, num_seq
     """Check the tables' tensors and values; keep private copies of what the kernels will read."""
     num_blocks, block_size = kc.shape[:2]
     bt, sl = _check_table_tensors(block_tables, seq_lens, num_seqs, kc.device)
+    total = 0
     if num_seqs == 0:
         bt, sl = bt[:, :0].resolve_neg().clone(), sl.resolve_neg().clone()
     else:  # the kernels read the very arrays that were checked (a GPU's are copied back to it)
         _, lens, table = _check_host_tables(bt, sl, block_size, num_blocks, own=True)
         bt, sl = torch.from_numpy(table).to(kc.device), torch.from_numpy(lens).to(kc.device)
-    total = int(host_ints(sl).sum()) if num_seqs else 0
+        total = int(lens.sum())
     plan = DecodePlan(num_seqs, num_blocks, block_size, kc.device, bt, sl, total)
     _ISSUED_PLANS.add(plan)
     return plan
@@ -506,7 +506,7 @@ def _check_impl(impl: object, allowed: tuple[str, ...]) -> str:
         raise InvalidArgumentError(f"impl must be one of {', '.join(allowed)}, got {brief(impl)}")
     if impl == "flex" and "flex" not in allowed:
         raise InvalidArgumentError("impl='flex' is for decode only; use one of " + ", ".join(allowed))
-    if not isinstance(impl, str) or impl not in allowed:
+    if impl not in allowed:
         raise InvalidArgumentError(f"unknown impl {impl!r}: use one of {', '.join(allowed)}")
     return impl
 
@@ -584,10 +584,8 @@ def _decode(query, key_cache, value_cache, plan: DecodePlan, shape: PagedShape, 
     if shape.num_seqs == 0 or shape.num_heads == 0:
         return query.new_empty(query.shape)
     query = query.resolve_neg()  # a negated view (torch._neg_view) as plain values: kernels read raw memory
-    block_tables, seq_lens = (
-        plan._block_tables,
-        plan._seq_lens,
-    )  # private copies: the columns any sequence reaches
+    # the plan's private copies of the tables: the columns any sequence reaches
+    block_tables, seq_lens = plan._block_tables, plan._seq_lens
     if impl == "reference":
         return _reference_decode(query, key_cache, value_cache, block_tables, seq_lens, scale_, shape)
     if impl == "torch":
@@ -839,9 +837,8 @@ def _chunk_plan(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: 
     slot = np.arange(int(n_chunks.max()) + 1)[None, :]
     seq_chunks = np.minimum(first[:, None] + slot, (first + n_chunks - 1)[:, None])
     used = slot < n_chunks[:, None]
-    query_row = np.minimum(
-        chunk_seq, lens.size - 2
-    )  # the extra sequence reads a real query row: no padded copy
+    # the extra sequence reads a real query row, so the queries need no padded copy
+    query_row = np.minimum(chunk_seq, lens.size - 2)
     return tuple(torch.from_numpy(a) for a in (chunk_table, query_row, chunk_valid, seq_chunks, used))
 
 

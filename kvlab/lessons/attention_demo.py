@@ -444,13 +444,23 @@ def goal_line(paged: Timing, sdpa: Timing, name: str, goal: float = CPU_GOAL) ->
     if isinstance(goal, bool) or not isinstance(goal, (int, float)) or not 1 <= goal <= 100:
         raise InvalidArgumentError(f"goal must be a ratio from 1 to 100, got {brief(goal)}")
     low, high = paged.ratio_spread(sdpa)
-    if high <= goal:
-        verdict = f"met in this run (even the highest ratio across the IQRs, {high:.2f}x, is at most {goal}x)"
-    elif low > goal:
-        verdict = f"not met in this run (even the lowest ratio across the IQRs, {low:.2f}x, is above {goal}x)"
+    verdict = goal_verdict(low, high, goal)
+    if verdict == "met":
+        why = f"even the highest ratio across the IQRs, {high:.2f}x, is at most {goal}x"
+    elif verdict == "not met":
+        why = f"even the lowest ratio across the IQRs, {low:.2f}x, is above {goal}x"
     else:
-        verdict = f"undecided in this run (the ratio's spread, {low:.2f}x to {high:.2f}x, straddles {goal}x)"
-    return f"kvlab's goal for {name}, at most {goal}x SDPA: {verdict}"
+        why = f"the ratio's spread, {low:.2f}x to {high:.2f}x, straddles {goal}x"
+    return f"kvlab's goal for {name}, at most {goal}x SDPA: {verdict} in this run ({why})"
+
+
+def goal_verdict(low: float, high: float, goal: float = CPU_GOAL) -> str:
+    """A ratio's spread across the IQRs against a goal: "met" (all of it at most the goal), "not met" (all above), else "undecided"."""
+    if high <= goal:
+        return "met"
+    if low > goal:
+        return "not met"
+    return "undecided"
 
 
 def _scattering_line(shuffled: Timing, ordered: Timing, sdpa: Timing) -> str:

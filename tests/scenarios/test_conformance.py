@@ -72,9 +72,9 @@ def test_the_benchmark_s_vllm_prompt_check_is_vllm_s_own_with_kvlab_s_bound():
     from kvlab.errors import MAX_TOKEN_ID
 
     v = vllm_harness.load()
-    validate = v.renderers.BaseRenderer.validate_token_ids
-    renderer = vllm_harness.TokenIdRenderer(MAX_TOKEN_ID + 1)
-    validate(renderer, [0, 17, MAX_TOKEN_ID])
+    validate = v.token_id_check(MAX_TOKEN_ID + 1)
+    assert validate.func is v.renderers.BaseRenderer.validate_token_ids  # vLLM's function itself
+    validate([0, 17, MAX_TOKEN_ID])
     for bad in ([3, -1], [MAX_TOKEN_ID + 1, 2]):
         with pytest.raises(v.exceptions.VLLMValidationError, match="out of vocabulary"):
-            validate(renderer, bad)
+            validate(bad)

@@ -43,6 +43,7 @@ NONE_HASH is derived as a server started without PYTHONHASHSEED derives it.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from pathlib import Path
@@ -184,6 +185,13 @@ class Vllm:
         finally:
             if seed is not None:
                 os.environ["PYTHONHASHSEED"] = seed
+
+    def token_id_check(self, vocab_size: int) -> Any:
+        """vLLM's own ``BaseRenderer.validate_token_ids`` for a renderer without a tokenizer and ``vocab_size`` ids.
+
+        Called with a prompt's ids, it returns None or raises ``VLLMValidationError``.
+        """
+        return functools.partial(self.renderers.BaseRenderer.validate_token_ids, TokenIdRenderer(vocab_size))
 
 
 _VLLM: Vllm | None = None
