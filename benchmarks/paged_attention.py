@@ -34,19 +34,31 @@ bandwidth is compared with the card's peak (H200: 4.8 TB/s; ``--peak-gbps``).
 A last section runs the tiny engine's chat with a long system prompt and
 prints the time to first token per turn, cold and once the prefix is cached.
 
+Every tensor of 2 MiB or more, the paged pools and the contiguous copies alike, asks the kernel
+for transparent huge pages (torch's ``THP_MEM_ALLOC_ENABLE=1``, set before torch is imported;
+``--small-pages`` leaves the 4 KiB default), as a server allocating its KV pool once would.
+With 4 KiB pages each 16-token block of 8 KV heads x 128 floats spans 16 pages, and a
+kernel reading a chunk's blocks head by head touches 64 pages in every sweep: the TLB
+misses, not the bytes, become the cost of paging. The header says which pages the run
+asked for and how much of the process the kernel gave huge pages.
+
     python benchmarks/paged_attention.py [--reps 7] [--threads 1,2] [--quick] [--no-flex] [--skip-ttft]
-        [--skip-prefill] [--shape '8 x 4k']
+        [--skip-prefill] [--shape '8 x 4k'] [--small-pages]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+# set before torch is imported: torch reads THP_MEM_ALLOC_ENABLE once, at its first allocation
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "0" if "--small-pages" in sys.argv[1:] else "1")
 
 import torch
 import torch.nn.functional as F
@@ -313,7 +325,8 @@ def bench_cpu_shape(shape: Shape, reps: int, with_flex: bool, copy: Timing) -> t
     flex_note += f"; paged torch = {torch_mode}, its first call {first_calls['paged torch']:.2f} s"
     print(
         f"\n{shape.name}  (cpu, {torch.get_num_threads()} thread(s), KV {kv / 1e6:.0f} MB, baseline = {base_name}"
-        f"{flex_note})"
+        f"{flex_note}; on huge pages: the pool {huge_page_share([case.key_cache, case.value_cache])}, "
+        f"the contiguous K/V {huge_page_share([case.keys, case.values])})"
     )
     print(
         f"  {'implementation':<22}{'median ms':>10}{'IQR ms':>13}{'vs SDPA':>9}{'cpu ms':>9}"
@@ -453,6 +466,48 @@ def thread_counts(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
+def pages_line() -> str:
+    """Which pages this run asked for, and what the kernel does with such a request."""
+    policy = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    kernel = policy.read_text().strip() if policy.exists() else "unknown here"
+    if os.environ.get("THP_MEM_ALLOC_ENABLE") == "1":
+        asked = "huge pages asked for every tensor of 2 MiB or more (THP_MEM_ALLOC_ENABLE=1)"
+    else:
+        asked = "4 KiB pages (--small-pages, or THP_MEM_ALLOC_ENABLE other than 1)"
+    return f"pages: {asked}; the kernel's transparent huge page policy: {kernel}"
+
+
+def huge_page_share(tensors: list[torch.Tensor]) -> str:
+    """The share of these tensors' bytes the kernel backs with huge pages ('?' where /proc/self/smaps does not say).
+
+    Read from each memory mapping's AnonHugePages, spread evenly over the mapping (a tensor of
+    2 MiB or more is a mapping of its own).
+    """
+    try:
+        smaps = Path("/proc/self/smaps").read_text()
+    except OSError:
+        return "?"
+    mappings, current = [], None
+    for line in smaps.splitlines():
+        head = line.split(maxsplit=1)[0]
+        if "-" in head and ":" not in head:
+            start, end = (int(x, 16) for x in head.split("-"))
+            current = [start, end, 0]
+            mappings.append(current)
+        elif head == "AnonHugePages:" and current is not None:
+            current[2] = int(line.split()[1]) * 1024
+    huge = total = 0
+    for t in tensors:
+        lo = t.untyped_storage().data_ptr()
+        hi = lo + t.untyped_storage().nbytes()
+        total += hi - lo
+        for start, end, huge_bytes in mappings:
+            overlap = min(hi, end) - max(lo, start)
+            if overlap > 0:
+                huge += huge_bytes * overlap / (end - start)
+    return f"{huge / total:.0%}" if total else "?"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=7)
@@ -474,10 +529,16 @@ def main() -> None:
     parser.add_argument(
         "--shape", default="", help="time only the CPU shapes whose name contains this text (e.g. '8 x 4k')"
     )
+    parser.add_argument(
+        "--small-pages",
+        action="store_true",
+        help="leave tensors on 4 KiB pages (by default every tensor of 2 MiB or more asks for huge pages)",
+    )
     args = parser.parse_args()
     print(
         f"torch {torch.__version__}, default {DEFAULT_THREADS} CPU thread(s), cuda={torch.cuda.is_available()}"
     )
+    print(pages_line())
     if not args.gpu_only:
         goal_rows = []
         for threads in args.threads:

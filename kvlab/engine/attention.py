@@ -753,6 +753,17 @@ def _compiled_decode_applies(query, key_cache, value_cache, total_tokens: int, s
     return total_tokens * per_token >= COMPILED_MIN_BYTES
 
 
+def _by_head(gathered: torch.Tensor, group: int) -> torch.Tensor:
+    """[C, chunk_blocks, block_size, kv_heads, head_dim] as [C, heads, chunk_blocks, block_size, head_dim].
+
+    Query head ``h`` reads KV head ``h // group``: an expanded view, which inductor reads
+    in place (in eager mode the reshape would copy; this runs compiled only).
+    """
+    c, cb, bs, kv, d = gathered.shape
+    by_kv = gathered.permute(0, 3, 1, 2, 4)[:, :, None]
+    return by_kv.expand(c, kv, group, cb, bs, d).reshape(c, kv * group, cb, bs, d)
+
+
 def _chunked_decode_graph(
     query, scale, key_cache, value_cache, chunk_table, chunk_seq, chunk_valid, seq_chunks, used
 ):
@@ -773,33 +784,37 @@ def _chunked_decode_graph(
     then merged exactly by their maxima (flash-decoding's split, one chunk a
     split). Short chunks keep every reduction short: inductor sums into one
     register, so a long sum waits on each add in turn.
+
+    Every per-chunk tensor is laid out [chunk, head, ...]: with the same two leading
+    loops, inductor's C++ backend fuses the scores, their maximum, the exponentials
+    and their sum into one loop nest per (chunk, head) (its outer-loop fusion), so a
+    chunk's scores stay in the core's cache instead of going out to memory and back
+    once per step of the softmax (5% faster than a [chunk, block, token, head] layout
+    at 32 x 2k tokens, 8 KV heads, one thread).
     """
     num_chunks, chunk_blocks = chunk_table.shape
     block_size = key_cache.shape[1]
-    keys = key_cache[
-        chunk_table
-    ].float()  # [C, chunk_blocks, block_size, kv_heads, head_dim], never materialised
-    values = value_cache[chunk_table].float()
-    scores = (keys[:, :, :, :, None, :] * query[chunk_seq].float()[:, None, None]).sum(
-        -1
-    ) * scale  # [C, cb, bs, kv, g]
+    num_kv_heads, group = query.shape[1], query.shape[2]
+    # [C, heads, chunk_blocks, block_size, head_dim], never materialised
+    keys = _by_head(key_cache[chunk_table].float(), group)
+    values = _by_head(value_cache[chunk_table].float(), group)
+    chunk_query = query[chunk_seq].float().reshape(num_chunks, num_kv_heads * group, 1, 1, -1)
+    scores = (keys * chunk_query).sum(-1) * scale  # [C, heads, chunk_blocks, block_size]
     position = torch.arange(chunk_blocks * block_size, device=query.device).view(
-        1, chunk_blocks, block_size, 1, 1
+        1, 1, chunk_blocks, block_size
     )
-    scores = torch.where(position < chunk_valid.view(-1, 1, 1, 1, 1), scores, float("-inf"))
-    chunk_max = scores.amax(dim=(1, 2))  # [C, kv, group]
-    weights = torch.exp(scores - chunk_max[:, None, None])
-    chunk_sum = weights.sum(dim=(1, 2))
+    scores = torch.where(position < chunk_valid.view(-1, 1, 1, 1), scores, float("-inf"))
+    chunk_max = scores.amax(dim=(2, 3))  # [C, heads]
+    weights = torch.exp(scores - chunk_max[..., None, None])
+    chunk_sum = weights.sum(dim=(2, 3))
     # slots past a sequence's end get weight 0 here, so they must hold finite values (0 * nan is nan):
     # _torch_decode sends a call whose unwritten slots hold nan or inf to the walk, which zeroes them
-    chunk_out = (weights[..., None] * values[:, :, :, :, None, :]).sum(dim=(1, 2))  # [C, kv, group, head_dim]
-    maxima = torch.where(
-        used[:, :, None, None], chunk_max[seq_chunks], float("-inf")
-    )  # [S, max chunks, kv, group]
+    chunk_out = (weights[..., None] * values).sum(dim=(2, 3))  # [C, heads, head_dim]
+    maxima = torch.where(used[:, :, None], chunk_max[seq_chunks], float("-inf"))  # [S, max chunks, heads]
     weight = torch.exp(maxima - maxima.amax(dim=1, keepdim=True))  # each chunk's share, by its maximum
     total = (weight * chunk_sum[seq_chunks]).sum(dim=1)
     out = (weight[..., None] * chunk_out[seq_chunks]).sum(dim=1) / total[..., None]
-    return out[:-1].reshape(out.shape[0] - 1, -1, out.shape[-1]).to(key_cache.dtype)
+    return out[:-1].to(key_cache.dtype)
 
 
 def _chunk_blocks(shape: PagedShape, element_size: int) -> int:
