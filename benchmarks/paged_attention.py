@@ -36,11 +36,13 @@ prints the time to first token per turn, cold and once the prefix is cached.
 
 Every tensor of 2 MiB or more, the paged pools and the contiguous copies alike, asks the kernel
 for transparent huge pages (torch's ``THP_MEM_ALLOC_ENABLE=1``, set before torch is imported;
-``--small-pages`` leaves the 4 KiB default), as a server allocating its KV pool once would.
-With 4 KiB pages each 16-token block of 8 KV heads x 128 floats spans 16 pages, and a
-kernel reading a chunk's blocks head by head touches 64 pages in every sweep: the TLB
-misses, not the bytes, become the cost of paging. The header says which pages the run
-asked for and how much of the process the kernel gave huge pages.
+``--small-pages`` sets it to 0 and keeps the 4 KiB default), as a server allocating its KV pool
+once would. With 4 KiB pages each 16-token block of 8 KV heads x 128 floats spans 16 pages, and a
+kernel reading a chunk's blocks head by head touches 64 pages in every sweep: page-table lookups
+cost as well as bytes. The header says which pages the run asked for and the kernel's policy; each
+shape's line says what share of its pool and of its contiguous K/V the kernel backed with huge
+pages (the ragged shape's per-sequence copies, most under 2 MiB, are not counted: they stay on
+4 KiB pages).
 
     python benchmarks/paged_attention.py [--reps 7] [--threads 1,2] [--quick] [--no-flex] [--skip-ttft]
         [--skip-prefill] [--shape '8 x 4k'] [--small-pages]
@@ -58,7 +60,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # set before torch is imported: torch reads THP_MEM_ALLOC_ENABLE once, at its first allocation
-os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "0" if "--small-pages" in sys.argv[1:] else "1")
+os.environ["THP_MEM_ALLOC_ENABLE"] = (
+    "0" if "--small-pages" in sys.argv[1:] else os.environ.get("THP_MEM_ALLOC_ENABLE", "1")
+)
 
 import torch
 import torch.nn.functional as F
@@ -480,15 +484,19 @@ def pages_line() -> str:
 def huge_page_share(tensors: list[torch.Tensor]) -> str:
     """The share of these tensors' bytes the kernel backs with huge pages ('?' where /proc/self/smaps does not say).
 
-    Read from each memory mapping's AnonHugePages, spread evenly over the mapping (a tensor of
-    2 MiB or more is a mapping of its own).
+    Read from each memory mapping's AnonHugePages, spread evenly over the mapping. A tensor that
+    asked for huge pages is a mapping of its own (the request splits it off); on 4 KiB pages
+    neighbouring allocations can share one mapping, so the share is theirs together.
     """
     try:
         smaps = Path("/proc/self/smaps").read_text()
     except OSError:
         return "?"
     mappings, current = [], None
+    reported = False
     for line in smaps.splitlines():
+        if not line.strip():
+            continue
         head = line.split(maxsplit=1)[0]
         if "-" in head and ":" not in head:
             start, end = (int(x, 16) for x in head.split("-"))
@@ -496,6 +504,9 @@ def huge_page_share(tensors: list[torch.Tensor]) -> str:
             mappings.append(current)
         elif head == "AnonHugePages:" and current is not None:
             current[2] = int(line.split()[1]) * 1024
+            reported = True
+    if not reported:
+        return "?"
     huge = total = 0
     for t in tensors:
         lo = t.untyped_storage().data_ptr()
@@ -509,7 +520,7 @@ def huge_page_share(tensors: list[torch.Tensor]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument(
         "--threads",
@@ -532,7 +543,7 @@ def main() -> None:
     parser.add_argument(
         "--small-pages",
         action="store_true",
-        help="leave tensors on 4 KiB pages (by default every tensor of 2 MiB or more asks for huge pages)",
+        help="keep tensors on 4 KiB pages (by default every tensor of 2 MiB or more asks for huge pages)",
     )
     args = parser.parse_args()
     print(

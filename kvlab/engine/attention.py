@@ -27,8 +27,9 @@ Implementations (``impl=``):
   key row is loaded through the block table inside that vectorised sum and no
   gathered copy exists (values likewise in the weighted sum), each chunk gets
   its own max, sum and output, and a sequence's chunks are merged exactly by
-  their maxima (flash-decoding's split). One loop nest per step spreads the
-  chunks of all sequences over the threads. Why: the gather copies, small
+  their maxima (flash-decoding's split). A few fused loop nests per step (the
+  scores and their softmax, the weighted sum, the merge) each spread the chunks
+  of all sequences over the threads. Why: the gather copies, small
   matmuls and Python loops of eager code cost about as much as the attention
   itself (the walk below ran at 2x SDPA on contiguous K/V). The first call of
   a kind (dtype, block size, heads, head_dim) compiles for seconds, cached on
@@ -106,7 +107,9 @@ FLEX_Q_BLOCK = 128
 # calls, 1 and 2 threads): 8 KV heads x 128 fp32 (4 KiB a token): 64 tokens 1.02-1.25x SDPA, 32 tokens
 # 1.13-1.45x, 96 and 128 slower; 32 KV heads (16 KiB): 48 tokens 1.15-1.29x, 32 tokens 1.24-1.38x, 64
 # tokens 1.58-1.72x. Longer chunks write fewer partial outputs for the merge; too long, and a
-# chunk's values no longer stay in the core's cache while every head reads them.
+# chunk's values no longer stay in the core's cache while every head reads them. Those ranges are from
+# the earlier [chunk, block, token, head] layout; with the per-head layout (_chunked_decode_graph), at
+# 32 x 2k tokens, one and two threads, 64 and 48 tokens were again the fastest of 2 to 5 blocks.
 COMPILED_CHUNK_TOKENS = 64
 COMPILED_WIDE_CHUNK_TOKENS = 48
 COMPILED_WIDE_ROW_BYTES = 4 << 10
@@ -644,8 +647,8 @@ def _cpu_flash() -> Callable[..., tuple[torch.Tensor, torch.Tensor]] | None:
 def _torch_decode(query, key_cache, value_cache, plan: DecodePlan, scale, shape: PagedShape):
     """``impl="torch"``: the compiled CPU decode for big calls, else the per-sequence walk.
 
-    The compiled kernel (``compiled_decode``) reads K and V in place, in one
-    C++ loop nest per step that every thread shares; the walk pays a gather
+    The compiled kernel (``compiled_decode``) reads K and V in place, in a few
+    fused C++ loop nests per step that every thread shares; the walk pays a gather
     copy and Python's per-op cost per tile, and a second thread has little to
     do in its small ops. Small calls keep the walk: a first call compiles for
     seconds, which only a big call repays. The batched tiles
@@ -742,6 +745,8 @@ def _compiled_decode_applies(query, key_cache, value_cache, total_tokens: int, s
     """A CPU call in float32/16/bf16, without autograd, reading at least ``COMPILED_MIN_BYTES`` of K and V."""
     if not COMPILED.enabled or COMPILED.failure is not None or query.device.type != "cpu":
         return False
+    if torch._dynamo.config.disable:  # torch.compile would run the graph eagerly: gathers and all
+        return False
     if query.dtype == torch.float64 or any(t.requires_grad for t in (query, key_cache, value_cache)):
         return False
     kind = (query.dtype, shape.block_size, shape.num_kv_heads, shape.group, shape.head_dim)
@@ -757,7 +762,8 @@ def _by_head(gathered: torch.Tensor, group: int) -> torch.Tensor:
     """[C, chunk_blocks, block_size, kv_heads, head_dim] as [C, heads, chunk_blocks, block_size, head_dim].
 
     Query head ``h`` reads KV head ``h // group``: an expanded view, which inductor reads
-    in place (in eager mode the reshape would copy; this runs compiled only).
+    in place. Run eagerly the reshape would copy K or V ``group`` times over, so
+    ``_compiled_decode_applies`` sends a call to the walk when dynamo is disabled.
     """
     c, cb, bs, kv, d = gathered.shape
     by_kv = gathered.permute(0, 3, 1, 2, 4)[:, :, None]
@@ -810,7 +816,8 @@ def _chunked_decode_graph(
     # slots past a sequence's end get weight 0 here, so they must hold finite values (0 * nan is nan):
     # _torch_decode sends a call whose unwritten slots hold nan or inf to the walk, which zeroes them
     chunk_out = (weights[..., None] * values).sum(dim=(2, 3))  # [C, heads, head_dim]
-    maxima = torch.where(used[:, :, None], chunk_max[seq_chunks], float("-inf"))  # [S, max chunks, heads]
+    # [sequences + 1, most chunks + 1, heads]: the plan's extra sequence and padding column
+    maxima = torch.where(used[:, :, None], chunk_max[seq_chunks], float("-inf"))
     weight = torch.exp(maxima - maxima.amax(dim=1, keepdim=True))  # each chunk's share, by its maximum
     total = (weight * chunk_sum[seq_chunks]).sum(dim=1)
     out = (weight[..., None] * chunk_out[seq_chunks]).sum(dim=1) / total[..., None]

@@ -319,6 +319,19 @@ def test_without_a_compiler_impl_torch_runs_the_walk_silently(monkeypatch, tmp_p
     assert fresh.fn is None and "C++ compiler" in fresh.failure
 
 
+def test_with_dynamo_disabled_impl_torch_runs_the_walk(monkeypatch):
+    """TORCH_COMPILE_DISABLE (dynamo's config.disable) would run the graph eagerly, gathering K and V
+    group times over: the call walks instead, and compiles nothing."""
+    fresh = CompiledDecode()
+    monkeypatch.setattr(attention, "COMPILED", fresh)
+    monkeypatch.setattr(attention, "COMPILED_MIN_BYTES", 0)
+    monkeypatch.setattr(torch._dynamo.config, "disable", True)
+    q, kc, vc, bt, sl, keys, values = make_case([3, 40, 270], 16, 2, 4)
+    out = paged_attention(q, kc, vc, bt, sl, impl="torch")
+    torch.testing.assert_close(out.double(), dense_f64(q, keys, values), atol=1e-5, rtol=0)
+    assert fresh.fn is None and not fresh.kinds
+
+
 def test_no_sequences_gives_an_empty_result():
     kc = torch.zeros(2, 4, 1, 8)
     out = paged_attention(
