@@ -492,8 +492,9 @@ def huge_page_share(tensors: list[torch.Tensor]) -> str:
         smaps = Path("/proc/self/smaps").read_text()
     except OSError:
         return "?"
+    if "AnonHugePages:" not in smaps:  # a kernel that does not report it
+        return "?"
     mappings, current = [], None
-    reported = False
     for line in smaps.splitlines():
         if not line.strip():
             continue
@@ -504,9 +505,6 @@ def huge_page_share(tensors: list[torch.Tensor]) -> str:
             mappings.append(current)
         elif head == "AnonHugePages:" and current is not None:
             current[2] = int(line.split()[1]) * 1024
-            reported = True
-    if not reported:
-        return "?"
     huge = total = 0
     for t in tensors:
         lo = t.untyped_storage().data_ptr()
