@@ -35,14 +35,14 @@ A last section runs the tiny engine's chat with a long system prompt and
 prints the time to first token per turn, cold and once the prefix is cached.
 
 Every tensor of 2 MiB or more, the paged pools and the contiguous copies alike, asks the kernel
-for transparent huge pages (torch's ``THP_MEM_ALLOC_ENABLE=1``, set before torch is imported;
-``--small-pages`` sets it to 0 and keeps the 4 KiB default), as a server allocating its KV pool
-once would. With 4 KiB pages each 16-token block of 8 KV heads x 128 floats spans 16 pages, and a
-kernel reading a chunk's blocks head by head touches 64 pages in every sweep: page-table lookups
-cost as well as bytes. The header says which pages the run asked for and the kernel's policy; each
-shape's line says what share of its pool and of its contiguous K/V the kernel backed with huge
-pages (the ragged shape's per-sequence copies, most under 2 MiB, are not counted: they stay on
-4 KiB pages).
+for transparent huge pages (torch's ``THP_MEM_ALLOC_ENABLE=1``, set before torch is imported, as
+torch reads it once, at its first large allocation; ``--small-pages`` sets it to 0 and keeps the
+4 KiB default), as a server allocating its KV pool once would. With 4 KiB pages each 16-token
+block of 8 KV heads x 128 floats spans 16 pages, and a kernel reading a chunk's blocks head by
+head touches 64 pages in every sweep, each page's address looked up as well as its bytes read.
+The header says which pages the run asked for and the kernel's policy; each shape's line says
+what share of its pool and of its contiguous K/V the kernel backed with huge pages (the ragged
+shape's per-sequence copies, most under 2 MiB, are not counted: they stay on 4 KiB pages).
 
     python benchmarks/paged_attention.py [--reps 7] [--threads 1,2] [--quick] [--no-flex] [--skip-ttft]
         [--skip-prefill] [--shape '8 x 4k'] [--small-pages]
@@ -59,7 +59,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# set before torch is imported: torch reads THP_MEM_ALLOC_ENABLE once, at its first allocation
+# set before torch is imported: torch reads THP_MEM_ALLOC_ENABLE once, at its first large allocation
 os.environ["THP_MEM_ALLOC_ENABLE"] = (
     "0" if "--small-pages" in sys.argv[1:] else os.environ.get("THP_MEM_ALLOC_ENABLE", "1")
 )
