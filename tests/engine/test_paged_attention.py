@@ -175,7 +175,13 @@ def compiled_for_every_size(monkeypatch):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "block_size, group, dtype",
-    [(16, 4, torch.float32), (1, 1, torch.float16), (64, 8, torch.bfloat16), (16, 8, torch.float32)],
+    [
+        (16, 4, torch.float32),
+        (1, 1, torch.float16),
+        (64, 8, torch.bfloat16),
+        (16, 8, torch.float32),
+        (16, 6, torch.float32),
+    ],
 )
 def test_compiled_decode_matches_float64_dense_attention(block_size, group, dtype, compiled_for_every_size):
     """Ragged lengths (1 to 1100, so many chunks and short last chunks), shuffled blocks, garbage past each table's end."""
@@ -192,6 +198,12 @@ def test_compiled_decode_matches_float64_dense_attention(block_size, group, dtyp
     assert kind in attention.COMPILED.kinds
     # impl="torch" takes the compiled path for this call, and gives its answer
     torch.testing.assert_close(paged_attention(q, kc, vc, bt, sl, impl="torch"), out, atol=0, rtol=0)
+
+
+def test_each_pass_over_a_kv_head_serves_a_divisor_of_its_group():
+    """Groups of 1 to 4 in one pass; 6 in two of 3, 8 in two of 4, 7 (prime) in seven of 1, 32 in eight of 4."""
+    served = {group: attention._members_per_pass(group) for group in (1, 2, 3, 4, 6, 7, 8, 32)}
+    assert served == {1: 1, 2: 2, 3: 3, 4: 4, 6: 3, 7: 1, 8: 4, 32: 4}
 
 
 @needs_compiler
