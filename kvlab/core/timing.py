@@ -9,9 +9,10 @@ comes from here, so it is always the same recipe:
   and in this process's CPU time (``time.process_time``);
 * the median as the value and the interquartile range (IQR) as the spread.
 
-``measure_side_by_side`` times several functions in interleaved rounds (A, B,
-C, A, B, C, ...), so a burst of load on the machine falls on all of them
-alike and their ratio stays honest. ``Timing.clearly_faster_than`` is the test
+``measure_side_by_side`` times several functions in interleaved rounds (each
+once per round, in a seeded shuffled order), so a burst of load on the machine
+falls on all of them alike and their ratio stays honest, and no function always
+runs in the caches one neighbour left. ``Timing.clearly_faster_than`` is the test
 a notebook sentence such as "the cached turn is faster" must pass: the slower
 one's first quartile above the faster one's third quartile.
 
@@ -25,6 +26,7 @@ each timed call, so asynchronous GPU work is inside the measurement.
 from __future__ import annotations
 
 import math
+import random
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -35,6 +37,7 @@ from typing import Any
 from kvlab.errors import InvalidArgumentError, brief, check_int
 
 MAX_REPEATS = 100_000
+ORDER_SEED = 0  # measure_side_by_side's shuffles of each round, the same every run
 
 
 def _quartiles(values: tuple[float, ...]) -> tuple[float, float, float]:
@@ -199,7 +202,11 @@ def measure_side_by_side(
 ) -> dict[Any, Timing]:
     """Time several functions in interleaved rounds, so load on the machine falls on all alike.
 
-    ``fns`` maps any key (a name, a block size) to a function; the result has the same keys.
+    After the warm-up (in the given order), each round runs the functions in a shuffled
+    order, the same shuffles every run (seeded): a call runs in the caches its predecessor
+    left, warm when both read the same tensors and cold after one that swept others
+    through, so in a fixed order a function would always inherit its neighbour's. ``fns``
+    maps any key (a name, a block size) to a function; the result has the same keys.
     """
     if not isinstance(fns, Mapping) or not fns:
         raise InvalidArgumentError(f"fns must be a non-empty mapping of name to function, got {brief(fns)}")
@@ -213,9 +220,11 @@ def measure_side_by_side(
         for fn in checked.values():
             fn()
     samples: dict[str, list[tuple[float, float]]] = {name: [] for name in checked}
+    names, shuffler = list(checked), random.Random(ORDER_SEED)
     for _ in range(repeats):
-        for name, fn in checked.items():
-            _, wall, cpu = _one_call(fn, sync)
+        shuffler.shuffle(names)
+        for name in names:
+            _, wall, cpu = _one_call(checked[name], sync)
             samples[name].append((wall, cpu))
     return {
         name: Timing(tuple(w for w, _ in rows), tuple(c for _, c in rows)) for name, rows in samples.items()

@@ -71,13 +71,21 @@ def test_measure_warms_up_then_times_every_repeat():
     assert all(w >= 0 for w in t.wall_ms) and all(c >= 0 for c in t.cpu_ms)
 
 
-def test_side_by_side_interleaves_the_rounds():
+def test_side_by_side_interleaves_shuffled_rounds_the_same_every_run():
+    def calls(order: list[str]) -> dict[str, object]:
+        return {name: (lambda name=name: order.append(name)) for name in "abc"}
+
     order: list[str] = []
-    result = measure_side_by_side(
-        {"a": lambda: order.append("a"), "b": lambda: order.append("b")}, warmup=1, repeats=3
-    )
-    assert order == ["a", "b"] * 4
-    assert set(result) == {"a", "b"} and all(t.repeats == 3 for t in result.values())
+    result = measure_side_by_side(calls(order), warmup=1, repeats=12)
+    assert set(result) == set("abc") and all(t.repeats == 12 for t in result.values())
+    rounds = ["".join(order[i : i + 3]) for i in range(0, len(order), 3)]
+    assert rounds[0] == "abc" and all(sorted(r) == list("abc") for r in rounds)  # the warm-up, then each once a round
+    assert len(set(rounds[1:])) > 1  # not one fixed order
+    followed = {(a, b) for a, b in zip(order[3:], order[4:], strict=False)}
+    assert {(a, b) for a in "abc" for b in "abc" if a != b} <= followed  # every call after every other
+    again: list[str] = []
+    measure_side_by_side(calls(again), warmup=1, repeats=12)
+    assert again == order
 
 
 def test_sync_brackets_every_timed_call_and_measure_once_returns_the_value():
