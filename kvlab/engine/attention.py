@@ -108,8 +108,10 @@ FLEX_Q_BLOCK = 128
 # 1.13-1.45x, 96 and 128 slower; 32 KV heads (16 KiB): 48 tokens 1.15-1.29x, 32 tokens 1.24-1.38x, 64
 # tokens 1.58-1.72x. Longer chunks write fewer partial outputs for the merge; too long, and a
 # chunk's values no longer stay in the core's cache while every head reads them. Those ranges are from
-# the earlier [chunk, block, token, head] layout; with the per-head layout (_chunked_decode_graph), at
-# 32 x 2k tokens, one and two threads, 64 and 48 tokens were again the fastest of 2 to 5 blocks.
+# the earlier [chunk, block, token, head] layout; with the per-head layout, at 32 x 2k tokens, one and two
+# threads, 64 and 48 tokens were again the fastest of 2 to 5 blocks; with the per-pass layout
+# (_chunked_decode_graph) on a 2-core AMD EPYC, one thread, 32 to 128 tokens (8 KV heads) were 1.11-1.19x
+# SDPA and 32 to 64 (32 KV heads) 0.89-1.00x, apart by less than their spread, so 64 and 48 stay.
 COMPILED_CHUNK_TOKENS = 64
 COMPILED_WIDE_CHUNK_TOKENS = 48
 COMPILED_WIDE_ROW_BYTES = 4 << 10
