@@ -4,8 +4,9 @@ For each shape the script builds one paged KV pool (16-token blocks handed out
 in a shuffled order, as a long-running server's free list would) and the same
 keys and values as one contiguous ``[num_seqs, num_kv_heads, seq_len, head_dim]``
 tensor, checks that every implementation agrees with SDPA, then times them side
-by side (``kvlab.core.timing.measure_side_by_side``: interleaved rounds, median
-and interquartile range, wall and this process's CPU time) and prints per
+by side (``kvlab.core.timing.measure_side_by_side``: interleaved rounds, each in a
+seeded shuffled order, so no call always runs in the caches one neighbour left;
+median and interquartile range, wall and this process's CPU time) and prints per
 implementation: the median, its ratio to the faster SDPA form in wall and in
 CPU time, and the GB/s of K and V read (each cached byte counted once), next
 to this machine's own bandwidth: a copy of a 256 MiB tensor timed in the same
