@@ -119,9 +119,10 @@ COMPILED_MIN_BYTES = 8 << 20
 COMPILED_MAX_KINDS = 8
 # the query heads one pass over a KV head's rows serves (at most; a divisor of the group): each row loaded
 # once feeds this many fused multiply-adds. Measured at 8 x 4k tokens, 32 query heads of 128, one thread,
-# against SDPA: 8 KV heads (groups of 4) 2, 4 and 8 per pass 1.24x, 1.17x and 1.57x (one pass of 8
-# spills registers); 1 KV head (a group of 32) 1.53x, 1.37x, 1.46x; one reduction over every head, each
-# row loaded per head, 1.41x and 1.43x
+# against SDPA: 4 KV heads (groups of 8) 2, 4 and 8 per pass 1.24x, 1.17x and 1.57x (8 at a time
+# slower, not looked into); 1 KV head (a group of 32) 1.53x, 1.37x, 1.46x; one reduction per head, each row
+# loaded per head, 1.41x and 1.43x. Interleaved in one process, passes against one head a pass: groups of
+# 3 0.96x against 1.10x, 6 1.18x against 1.58x, 8 1.22x against 1.36x, 12 1.23x against 1.61x.
 PASS_MEMBERS = 4
 # the table entries one call may read (the columns up to the longest sequence, every row): 16M, 128 MiB as
 # int64, past any real batch (256 sequences of 64k tokens in 1-token blocks)
