@@ -99,6 +99,8 @@ CHUNK_BYTES = 2 << 20
 BATCH_TILE_BYTES = 4 << 20
 # FlexAttention's query block: decode has one query row, any size >= 1 works (attention-gym uses 128)
 FLEX_Q_BLOCK = 128
+# the static (pool size, group) shapes compiled flex may compile for a process, past which it runs eagerly
+FLEX_RECOMPILE_LIMIT = 32
 # the compiled CPU decode: chunks of whole blocks, each a short reduction; used for calls that read at
 # least COMPILED_MIN_BYTES of K and V (smaller ones run the walk and never compile), for at most
 # COMPILED_MAX_KINDS kinds (dtype, block size, heads, head_dim) a process. A chunk is about
@@ -1266,9 +1268,16 @@ def _flex_call(kind: tuple[torch.dtype, int] | None, *args, **kwargs) -> torch.T
     if kind is None:
         return flex_attention(*args, **kwargs)
     if FLEX_BACKEND.compiled_fn is None:
-        FLEX_BACKEND.compiled_fn = torch.compile(flex_attention)
+        # static shapes: torch 2.13's CPU flex template emits C++ that does not build once dynamo makes the
+        # query rows or the KV length symbolic, which it does after a second pool size or group
+        # (cur_qSplitSize4 / cur_kvSplitSize8 "not declared"); each new shape compiles anew instead, up to
+        # FLEX_RECOMPILE_LIMIT shapes, past which the call raises and the kind runs eagerly
+        FLEX_BACKEND.compiled_fn = torch.compile(flex_attention, dynamic=False)
     try:
-        out = FLEX_BACKEND.compiled_fn(*args, **kwargs)
+        with torch._dynamo.config.patch(
+            fail_on_recompile_limit_hit=True, recompile_limit=FLEX_RECOMPILE_LIMIT
+        ):
+            out = FLEX_BACKEND.compiled_fn(*args, **kwargs)
     except Exception as exc:  # noqa: BLE001 - any compiler failure: say so once, then run eager
         lines = str(exc).splitlines()
         reason = next((line.strip() for line in lines if "error" in line.lower()), lines[0] if lines else "")

@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 
 from test_paged_attention import LENS, TOLERANCE, dense_f64, make_case  # noqa: E402
 
-from kvlab.engine import paged_attention  # noqa: E402
+from kvlab.engine import attention, paged_attention  # noqa: E402
 from kvlab.engine.attention import (  # noqa: E402
     FLEX_BACKEND,
     check_decode_args,
@@ -67,6 +67,34 @@ def test_compiled_flex_matches_float64_dense_attention(block_size, group):
     if block_size == 16 and (shutil.which("g++") or shutil.which("c++")):
         assert kind in FLEX_BACKEND.compiled, f"flex did not compile: {FLEX_BACKEND.failures.get(kind)}"
     torch.testing.assert_close(out.double(), dense_f64(case[0], case[5], case[6]), atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not (shutil.which("g++") or shutil.which("c++")), reason="compiling flex needs a C++ compiler"
+)
+def test_compiled_flex_stays_compiled_across_pool_sizes_groups_and_batches(monkeypatch):
+    """A process meets many shapes; torch 2.13's CPU template fails to build once sizes turn symbolic.
+
+    So compiled flex keeps every shape static: each new pool size, group or batch compiles anew
+    and stays exact, and none turns the kind eager.
+    """
+    monkeypatch.setattr(attention, "FLEX_BACKEND", attention.FlexBackend())
+    shapes = [
+        ([100, 37, 300], 2, 4, 3),
+        ([50, 60], 2, 4, 5),
+        ([10, 20, 30, 40], 2, 4, 1),
+        ([5, 500], 2, 2, 3),
+    ]
+    shapes += [([77], 1, 8, 2), ([300, 301, 302], 2, 8, 3)]
+    for seed, (lens, kv_heads, group, spare) in enumerate(shapes):
+        case = make_case(lens, 16, kv_heads, group, seed=seed, spare_blocks=spare)
+        out = paged_attention(*case[:5], impl="flex")
+        assert attention.FLEX_BACKEND.failures == {}, (
+            f"{lens}, {kv_heads} KV heads x {group}: {attention.FLEX_BACKEND.failures}"
+        )
+        torch.testing.assert_close(out.double(), dense_f64(case[0], case[5], case[6]), atol=1e-5, rtol=0)
+    assert flex_mode(torch.float32, 16) == "compiled"
 
 
 def test_flex_in_float64_runs_eagerly_and_exactly():
