@@ -1269,9 +1269,10 @@ def _flex_call(kind: tuple[torch.dtype, int] | None, *args, **kwargs) -> torch.T
         return flex_attention(*args, **kwargs)
     if FLEX_BACKEND.compiled_fn is None:
         # static shapes: torch 2.13's CPU flex template emits C++ that does not build once dynamo makes the
-        # query rows or the KV length symbolic, which it does after a second pool size or group
-        # (cur_qSplitSize4 / cur_kvSplitSize8 "not declared"); each new shape compiles anew instead, up to
-        # FLEX_RECOMPILE_LIMIT shapes, past which the call raises and the kind runs eagerly
+        # query rows or the KV length symbolic, as it does when shapes change (cur_qSplitSize4 /
+        # cur_kvSplitSize8 "not declared"; in one process the fifth of six shapes turned the kind eager);
+        # each new shape compiles anew instead, up to FLEX_RECOMPILE_LIMIT shapes, past which the call
+        # raises and the kind runs eagerly
         FLEX_BACKEND.compiled_fn = torch.compile(flex_attention, dynamic=False)
     try:
         with torch._dynamo.config.patch(
