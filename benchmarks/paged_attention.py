@@ -614,11 +614,11 @@ def main() -> None:
                 goal_rows.append((threads, shape.name, row))
             if not args.skip_prefill and not args.only_shape:
                 bench_prefill(512 if args.quick else 2048, args.reps)
-        torch.set_num_threads(DEFAULT_THREADS)
-        if goal_rows and not args.only_shape:
-            report_goal(goal_rows)
-        if args.only_shape:
+        if args.only_shape:  # a child: its row went to the parent, which reports the goal
             return
+        torch.set_num_threads(DEFAULT_THREADS)
+        if goal_rows:
+            report_goal(goal_rows)
     if torch.cuda.is_available():
         name = torch.cuda.get_device_name()
         peak = args.peak_gbps or next((v for k, v in PEAK_GBPS.items() if k in name), None)

@@ -99,7 +99,7 @@ CHUNK_BYTES = 2 << 20
 BATCH_TILE_BYTES = 4 << 20
 # FlexAttention's query block: decode has one query row, any size >= 1 works (attention-gym uses 128)
 FLEX_Q_BLOCK = 128
-# the static (pool size, group) shapes compiled flex may compile for a process, past which it runs eagerly
+# the static shapes (batch, group, pool size) compiled flex may compile for a process, past which it runs eagerly
 FLEX_RECOMPILE_LIMIT = 32
 # the compiled CPU decode: chunks of whole blocks, each a short reduction; used for calls that read at
 # least COMPILED_MIN_BYTES of K and V (smaller ones run the walk and never compile), for at most
@@ -834,9 +834,8 @@ def _chunked_decode_graph(
     valid = position < chunk_valid.view(-1, 1, 1, 1)
     maxima_, sums_, outs_ = [], [], []
     for member in range(members):  # the query heads of one pass over a KV head's rows
-        scores = (keys * chunk_query[:, :, member, None, None, :]).sum(
-            -1
-        ) * scale  # [C, passes, blocks, tokens]
+        # [C, kv_heads * passes, chunk_blocks, block_size]
+        scores = (keys * chunk_query[:, :, member, None, None, :]).sum(-1) * scale
         scores = torch.where(valid, scores, float("-inf"))
         chunk_max = scores.amax(dim=(2, 3))  # [C, kv_heads * passes]
         weights = torch.exp(scores - chunk_max[..., None, None])

@@ -157,8 +157,9 @@ def measure_first_tokens(
     Each function sends one request and returns its time to first token in ms (``first_token_ms``).
     The rounds go A, B, A, B ... in the given order, so a burst of load falls on all kinds alike;
     unlike ``measure_side_by_side``, which shuffles each round, the order is kept, as it can matter
-    here (the fleet probe's first request of a round empties the server's cache). A ``Timing``'s wall samples are the returned times (the client's own clock, from
-    sending to the first token), its CPU samples this process's CPU time over each call.
+    here (the fleet probe's first request of a round empties the server's cache). A ``Timing``'s
+    wall samples are the returned times (the client's own clock, from sending to the first token),
+    its CPU samples this process's CPU time over each call.
     """
     if not isinstance(requests, Mapping) or not requests:
         raise InvalidArgumentError(f"requests must map names to functions, got {brief(requests)}")

@@ -79,9 +79,8 @@ def test_side_by_side_interleaves_shuffled_rounds_the_same_every_run():
     result = measure_side_by_side(calls(order), warmup=1, repeats=12)
     assert set(result) == set("abc") and all(t.repeats == 12 for t in result.values())
     rounds = ["".join(order[i : i + 3]) for i in range(0, len(order), 3)]
-    assert rounds[0] == "abc" and all(
-        sorted(r) == list("abc") for r in rounds
-    )  # the warm-up, then each once a round
+    # the warm-up in the given order, then each function once a round
+    assert rounds[0] == "abc" and all(sorted(r) == list("abc") for r in rounds)
     assert len(set(rounds[1:])) > 1  # not one fixed order
     followed = {(a, b) for a, b in zip(order[3:], order[4:], strict=False)}
     assert {(a, b) for a in "abc" for b in "abc" if a != b} <= followed  # every call after every other
