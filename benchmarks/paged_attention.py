@@ -1,9 +1,13 @@
 """Paged decode attention against torch's SDPA on the same keys and values laid out contiguously.
 
 For each shape the script builds one paged KV pool (16-token blocks handed out
-in a shuffled order, as a long-running server's free list would) and the same
+in a shuffled order, as a long-running server's free list would), laid out as
+``layer_pool`` lays it out on the device (head-major on the CPU: in each block a KV
+head's 16 rows side by side, as vLLM 0.33's CPU backend stores its pool), and the same
 keys and values as one contiguous ``[num_seqs, num_kv_heads, seq_len, head_dim]``
-tensor, checks that every implementation agrees with SDPA, then times them side
+tensor; on the CPU also the same pool token-major (a token's heads side by side), which
+``planned, token-major`` times the kernel on and FlexAttention reads. It
+checks that every implementation agrees with SDPA, then times them side
 by side (``kvlab.core.timing.measure_side_by_side``: interleaved rounds, each in a
 seeded shuffled order, so no call always runs in the caches one neighbour left;
 median and interquartile range, wall and this process's CPU time) and prints per
@@ -79,7 +83,15 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kvlab.core.timing import Timing, measure_side_by_side
-from kvlab.engine import Engine, paged_attention, paged_prefill, plan_decode, run_chat
+from kvlab.engine import (
+    Engine,
+    layer_pool,
+    paged_attention,
+    paged_prefill,
+    plan_decode,
+    pool_layout,
+    run_chat,
+)
 from kvlab.engine.attention import (
     COMPILED,
     _batched_decode,
@@ -166,7 +178,12 @@ GPU_SHAPES = [
 
 @dataclass
 class Case:
-    """One shape's paged pool and the same K/V contiguous (padded to the longest sequence)."""
+    """One shape's paged pool, in ``layer_pool``'s layout for the device, and the same K/V contiguous (padded to the longest sequence).
+
+    On the CPU the pool is head-major (as ``layer_pool`` lays it out there, and vLLM 0.33's
+    CPU backend stores its own), and ``token_keys``/``token_values`` are the same pool
+    token-major: FlexAttention reads that one, and one row times the kernel on it.
+    """
 
     query: torch.Tensor
     key_cache: torch.Tensor
@@ -175,6 +192,8 @@ class Case:
     seq_lens: torch.Tensor
     keys: torch.Tensor  # [num_seqs, num_kv_heads, longest, head_dim]
     values: torch.Tensor
+    token_keys: torch.Tensor
+    token_values: torch.Tensor
 
 
 def build(shape: Shape, device: str, seed: int = 0) -> Case:
@@ -199,7 +218,13 @@ def build(shape: Shape, device: str, seed: int = 0) -> Case:
     dense = (shape.num_seqs, blocks_per_seq * shape.block_size, shape.num_kv_heads, shape.head_dim)
     keys = key_cache[idx].reshape(dense)[:, :longest].transpose(1, 2).contiguous()
     values = value_cache[idx].reshape(dense)[:, :longest].transpose(1, 2).contiguous()
-    return Case(query, key_cache, value_cache, tables, seq_lens, keys, values)
+    pool = layer_pool(*kv_shape, dtype=shape.dtype, device=device)  # head-major on the CPU
+    if pool_layout(pool[0]) == pool_layout(key_cache):
+        pool = (key_cache, value_cache)
+    else:
+        pool[0].copy_(key_cache)
+        pool[1].copy_(value_cache)
+    return Case(query, *pool, tables, seq_lens, keys, values, key_cache, value_cache)
 
 
 def sdpa_calls(shape: Shape, case: Case) -> dict[str, Callable[[], torch.Tensor]]:
@@ -249,14 +274,20 @@ def paged_calls(case: Case, device: str, with_flex: bool) -> dict[str, Callable[
         "paged torch": lambda: paged_attention(*args, impl="torch"),
         "paged torch, planned": lambda: plan.attend(*args[:3], impl="torch"),
     }
+    token_major = case.token_keys is not case.key_cache
+    if token_major:  # the same blocks in a token-major pool: what the layout is worth
+        calls["planned, token-major"] = lambda: plan.attend(
+            case.query, case.token_keys, case.token_values, impl="torch"
+        )
     if device == "cpu":  # impl="torch"'s per-sequence walk (what small calls run) and the batched tiles
         shape, scale = check_decode_args(*args, None)
         calls["paged torch walk"] = lambda: _torch_walk(*args, scale, shape)
         calls["paged torch tiles"] = lambda: _batched_decode(*args, scale, shape)
     if device == "cuda" and triton_available():
         calls["paged triton"] = lambda: paged_attention(*args, impl="triton")
-    if with_flex and flex_available():
-        calls["paged flex"] = lambda: paged_attention(*args, impl="flex")
+    if with_flex and flex_available():  # FlexAttention reads a token-major pool
+        flex_args = (case.query, case.token_keys, case.token_values, case.tables, case.seq_lens)
+        calls["paged flex"] = lambda: paged_attention(*flex_args, impl="flex")
     return calls
 
 
@@ -338,7 +369,8 @@ def bench_cpu_shape(shape: Shape, reps: int, with_flex: bool, copy: Timing) -> t
     flex_note += f"; paged torch = {torch_mode}, its first call {first_calls['paged torch']:.2f} s"
     print(
         f"\n{shape.name}  (cpu, {torch.get_num_threads()} thread(s), KV {kv / 1e6:.0f} MB, baseline = {base_name}"
-        f"{flex_note}; on huge pages: the pool {huge_page_share([case.key_cache, case.value_cache])}, "
+        f"{flex_note}; the pool {pool_layout(case.key_cache)}; on huge pages: the pool "
+        f"{huge_page_share([case.key_cache, case.value_cache])}, "
         f"the contiguous K/V {huge_page_share([case.keys, case.values])})"
     )
     print(

@@ -1,11 +1,23 @@
 """Attention that reads keys and values through block tables (lesson example 2).
 
 The KV pool of one layer is two tensors, ``key_cache`` and ``value_cache``, of
-shape ``[num_blocks, block_size, num_kv_heads, head_dim]`` (vLLM's layout for
-its FlashAttention backend). A sequence's tokens live in the blocks its row of
-``block_tables`` names, in order: token ``p`` sits in physical block
-``block_tables[s, p // block_size]`` at offset ``p % block_size``, i.e. at
-*slot* ``block * block_size + offset`` of the pool (vLLM's slot mapping).
+shape ``[num_blocks, block_size, num_kv_heads, head_dim]``. A sequence's tokens
+live in the blocks its row of ``block_tables`` names, in order: token ``p`` sits
+in physical block ``block_tables[s, p // block_size]`` at offset
+``p % block_size``, i.e. at *slot* ``block * block_size + offset`` of the pool
+(vLLM's slot mapping).
+
+That shape is indexed the same whatever the pool's strides; ``layer_pool`` makes
+one of two memory layouts (``pool_layout`` names them). Token-major (the tensor
+contiguous, a token's KV heads side by side) is vLLM 0.33's NHD, its GPU
+backends' default. Head-major (in each block, a KV head's ``block_size`` rows in
+one run) is the only layout vLLM 0.33's CPU backend reads (its ``LBHNC``,
+``vllm/v1/attention/backends/cpu_attn.py``), and kvlab's default on the CPU:
+the compiled decode below serves one KV head at a time, and reading a block in
+runs of ``block_size * head_dim`` numbers instead of ``head_dim`` made it
+0.76-0.87x SDPA on the benchmark's shapes where token-major was 0.94-1.21x
+(2-core AMD EPYC). Every implementation gives the same numbers on either, apart
+from ``"flex"``, which needs token-major.
 
 Two entry points:
 
@@ -32,7 +44,7 @@ Implementations (``impl=``):
   of all sequences over the threads. Why: the gather copies, small
   matmuls and Python loops of eager code cost about as much as the attention
   itself (the walk below ran at 2x SDPA on contiguous K/V). The first call of
-  a kind (dtype, block size, heads, head_dim) compiles for seconds, cached on
+  a kind (dtype, block size, heads, head_dim, pool layout) compiles for seconds, cached on
   disk by torch; smaller calls, float64, autograd, other devices, and a
   machine where compiling fails (one warning) run the walk: each sequence a
   tile of whole blocks at a time, gathered into a small reused buffer, with an
@@ -78,7 +90,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvlab.errors import LIMITS, InvalidArgumentError, brief, cdiv
+from kvlab.errors import LIMITS, InvalidArgumentError, brief, cdiv, check_choice, check_int, check_size
 
 try:
     import torch
@@ -103,7 +115,7 @@ FLEX_Q_BLOCK = 128
 FLEX_RECOMPILE_LIMIT = 32
 # the compiled CPU decode: chunks of whole blocks, each a short reduction; used for calls that read at
 # least COMPILED_MIN_BYTES of K and V (smaller ones run the walk and never compile), for at most
-# COMPILED_MAX_KINDS kinds (dtype, block size, heads, head_dim) a process. A chunk is about
+# COMPILED_MAX_KINDS kinds (dtype, block size, heads, head_dim, pool layout) a process. A chunk is about
 # COMPILED_CHUNK_TOKENS tokens, fewer (COMPILED_WIDE_CHUNK_TOKENS) where one token's keys (all KV heads)
 # pass COMPILED_WIDE_ROW_BYTES. Measured on a 2-core Xeon (interleaved rounds, cache flushed between
 # calls, 1 and 2 threads): 8 KV heads x 128 fp32 (4 KiB a token): 64 tokens 1.02-1.25x SDPA, 32 tokens
@@ -234,6 +246,117 @@ def check_cache(key_cache: object, value_cache: object) -> tuple[torch.Tensor, t
                 f"{name} is a negated view (torch._neg_view): pass a plain tensor, {name}.resolve_neg()"
             )
     return kc, vc
+
+
+POOL_LAYOUTS = ("token-major", "head-major")
+
+
+def pool_layout(cache: torch.Tensor) -> str:
+    """How a pool tensor's rows lie in memory: "token-major", "head-major", or "strided" (neither).
+
+    Token-major: a token's KV heads side by side (the tensor is contiguous). Head-major: in
+    every block, a KV head's ``block_size`` rows side by side, the heads one after another
+    (``[num_blocks, num_kv_heads, block_size, head_dim]`` in memory). Where one KV head or one
+    token a block makes the two the same, it is "token-major".
+    """
+    if cache.is_contiguous():
+        return "token-major"
+    if cache.dim() == 4 and cache.permute(0, 2, 1, 3).is_contiguous():
+        return "head-major"
+    return "strided"
+
+
+def layer_pool(
+    num_blocks: int,
+    block_size: int,
+    num_kv_heads: int,
+    head_dim: int,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    layout: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer's KV pool, zeroed: ``(key_cache, value_cache)``, each [num_blocks, block_size, num_kv_heads, head_dim].
+
+    The shape, the indexing and every kernel's results are the same in either ``layout``;
+    only where the rows lie in memory differs (``pool_layout``):
+
+    * ``"token-major"``: a token's heads side by side, the tensor contiguous; vLLM 0.33's
+      NHD, its GPU attention backends' default;
+    * ``"head-major"``: in each block a KV head's ``block_size`` rows are one run of
+      memory; vLLM 0.33's CPU backend reads only this layout (its ``LBHNC``). A CPU kernel
+      that serves one KV head at a time then reads each block in runs of
+      ``block_size * head_dim`` numbers rather than ``head_dim``, which hardware prefetchers
+      follow and a token-major pool's stride of ``num_kv_heads * head_dim`` defeats;
+    * ``"auto"``: head-major on the CPU, token-major elsewhere.
+
+    FlexAttention (``impl="flex"``) reads a KV head's tokens as one run over the whole pool,
+    so it needs a token-major pool.
+    """
+    dims = {
+        "num_blocks": check_size("num_blocks", num_blocks, "num_blocks", minimum=1),
+        "block_size": check_size("block_size", block_size, "block_size", minimum=1),
+        "num_kv_heads": check_int("num_kv_heads", num_kv_heads, minimum=1),
+        "head_dim": check_int("head_dim", head_dim, minimum=1),
+    }
+    if not isinstance(dtype, torch.dtype) or dtype not in FLOAT_DTYPES:
+        raise InvalidArgumentError(
+            f"dtype must be torch.float16, torch.bfloat16, torch.float32 or torch.float64, got {brief(dtype)}"
+        )
+    nb, bs, kv, d = dims.values()
+    size = 2 * nb * bs * kv * d * torch.empty((), dtype=dtype).element_size()  # exact: ints of any size
+    if size > LIMITS.memory_mib * 2**20:
+        raise InvalidArgumentError(
+            f"a pool of {nb:,} blocks x {bs} tokens x {kv:,} KV heads x {d:,} would take {size >> 20:,} MiB "
+            f"for keys and values, more than {LIMITS.memory_mib:,} (kvlab's limit LIMITS.memory_mib); use "
+            "fewer blocks, or kvlab.errors.raised_limits(memory_mib=...) for a deliberately larger pool"
+        )
+    return pool_tensors((), nb, bs, kv, d, dtype=dtype, device=device, layout=layout)
+
+
+def pool_device(device: object) -> torch.device:
+    """``device`` as a torch.device a pool can live on: the CPU, or a CUDA device this torch can see."""
+    try:
+        where = torch.device(device)  # type: ignore[arg-type]
+    except (RuntimeError, TypeError, ValueError):
+        where = None
+    if where is None or where.type not in ("cpu", "cuda"):
+        raise InvalidArgumentError(
+            f"device must be 'cpu' or a CUDA device such as 'cuda:0', got {brief(device)}"
+        )
+    if where.type == "cuda" and not torch.cuda.is_available():
+        raise InvalidArgumentError("device is a CUDA device but this torch sees no GPU: use device='cpu'")
+    return where
+
+
+def pool_tensors(
+    lead: tuple[int, ...],
+    num_blocks: int,
+    block_size: int,
+    num_kv_heads: int,
+    head_dim: int,
+    *,
+    dtype: torch.dtype,
+    device: object,
+    layout: object,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Zeroed keys and values of shape ``lead + [num_blocks, block_size, num_kv_heads, head_dim]`` in ``layout``.
+
+    The sizes are the caller's, already checked; the device and layout are checked here, before
+    anything is allocated.
+    """
+    where = pool_device(device)
+    layout = check_choice("layout", layout, ("auto", *POOL_LAYOUTS))
+    if layout == "auto":
+        layout = "head-major" if where.type == "cpu" else "token-major"
+    if layout == "token-major":
+        shape = (*lead, num_blocks, block_size, num_kv_heads, head_dim)
+        return tuple(torch.zeros(shape, dtype=dtype, device=where) for _ in "kv")  # type: ignore[return-value]
+    shape = (*lead, num_blocks, num_kv_heads, block_size, head_dim)
+    heads = len(lead) + 1
+    return tuple(  # type: ignore[return-value]
+        torch.zeros(shape, dtype=dtype, device=where).transpose(heads, heads + 1) for _ in "kv"
+    )
 
 
 def _check_table_tensors(
@@ -684,7 +807,7 @@ class CompiledDecode:
     """How ``impl="torch"``'s compiled CPU decode runs here, kept for the process.
 
     ``fn`` is the one cached ``torch.compile`` of ``_chunked_decode_graph``;
-    ``kinds`` the (dtype, block size, KV heads, group, head_dim) it has run;
+    ``kinds`` the (dtype, block size, KV heads, group, head_dim, pool layout) it has run;
     ``over_limit`` the kinds dynamo would not compile again (its recompile
     limit: they run the walk); ``failure`` why compiling failed, if it did
     (every call then runs the walk, and a warning said so once); ``enabled``
@@ -692,8 +815,8 @@ class CompiledDecode:
     """
 
     fn: Callable[..., torch.Tensor] | None = None
-    kinds: set[tuple[torch.dtype, int, int, int, int]] = field(default_factory=set)
-    over_limit: set[tuple[torch.dtype, int, int, int, int]] = field(default_factory=set)
+    kinds: set[tuple] = field(default_factory=set)
+    over_limit: set[tuple] = field(default_factory=set)
     failure: str | None = None
     enabled: bool = True
 
@@ -744,12 +867,20 @@ def _blocks_finite(value_cache: torch.Tensor, blocks: torch.Tensor) -> bool:
     blocks first costs a fresh buffer, page faults included, every call: 8 MiB for 32
     blocks of 16 tokens x 32 KV heads x 128 floats, 10 ms against 0.8 ms for the sums.
     """
-    try:
-        rows = value_cache.view(value_cache.shape[0], -1)
-    except RuntimeError:  # a strided pool: gather its blocks
+    rows = _block_rows(value_cache)
+    if rows is None:  # a strided pool: gather its blocks
         return bool(torch.isfinite(value_cache.index_select(0, blocks)).all())
     sums = torch.nn.functional.embedding_bag(blocks.view(1, -1), rows, mode="sum")
     return bool(torch.isfinite(sums).all())
+
+
+def _block_rows(cache: torch.Tensor) -> torch.Tensor | None:
+    """The pool as [num_blocks, numbers of a block], a view in the pool's own memory order; None if it has none."""
+    layout = pool_layout(cache)
+    if layout == "strided":
+        return None
+    ordered = cache if layout == "token-major" else cache.permute(0, 2, 1, 3)
+    return ordered.view(cache.shape[0], -1)
 
 
 def _compiled_decode_applies(query, key_cache, value_cache, total_tokens: int, shape: PagedShape) -> bool:
@@ -760,13 +891,28 @@ def _compiled_decode_applies(query, key_cache, value_cache, total_tokens: int, s
         return False
     if query.dtype == torch.float64 or any(t.requires_grad for t in (query, key_cache, value_cache)):
         return False
-    kind = (query.dtype, shape.block_size, shape.num_kv_heads, shape.group, shape.head_dim)
+    kind = _compiled_kind(query, key_cache, shape)
     if kind in COMPILED.over_limit or (
         kind not in COMPILED.kinds and len(COMPILED.kinds) >= COMPILED_MAX_KINDS
     ):
         return False
     per_token = 2 * shape.num_kv_heads * shape.head_dim * key_cache.element_size()
     return total_tokens * per_token >= COMPILED_MIN_BYTES
+
+
+def _compiled_kind(query: torch.Tensor, key_cache: torch.Tensor, shape: PagedShape) -> tuple:
+    """What one compile of the decode serves: dtype, block size, KV heads, group, head_dim and the pool's layout.
+
+    The layout is part of it because the generated C++ bakes in the pool's strides.
+    """
+    return (
+        query.dtype,
+        shape.block_size,
+        shape.num_kv_heads,
+        shape.group,
+        shape.head_dim,
+        pool_layout(key_cache),
+    )
 
 
 def _members_per_pass(group: int) -> int:
@@ -914,7 +1060,7 @@ def compiled_decode(
     None and the caller runs the walk (a failure warns once and turns this
     path off for the process).
     """
-    kind = (query.dtype, shape.block_size, shape.num_kv_heads, shape.group, shape.head_dim)
+    kind = _compiled_kind(query, key_cache, shape)
     if COMPILED.fn is None:
         if not compile_available():
             COMPILED.failure = "torch.compile needs inductor and a C++ compiler (g++ or clang++)"
@@ -1347,9 +1493,9 @@ def flex_decode(
         v = value_cache.view(1, tokens, shape.num_kv_heads, shape.head_dim).transpose(1, 2)
     except RuntimeError:
         raise InvalidArgumentError(
-            "impl='flex' reads the pool as one run of tokens, and these caches' strides do not allow that "
-            "view (a permuted or expanded cache): pass key_cache.contiguous() and value_cache.contiguous(), "
-            "or use impl='torch'"
+            f"impl='flex' reads the pool as one run of tokens per KV head, which this {pool_layout(key_cache)} "
+            "pool's strides do not allow: make the pool token-major (layer_pool(..., layout='token-major'), or "
+            "key_cache.contiguous() and value_cache.contiguous()), or use impl='torch'"
         ) from None
     _check_unwritten_values(value_cache, block_tables, seq_lens, shape)
     # grouped: each KV head's query heads are the query rows of one attention over that head's keys, so a
@@ -1423,11 +1569,11 @@ def _checked_slots(slots: torch.Tensor, kc: torch.Tensor) -> torch.Tensor:
 
 
 def _write_slots(key, value, kc, vc, slots: torch.Tensor) -> None:
+    """Each kept token's rows into (block, offset) = divmod(slot, block_size), through the pool's own strides."""
     keep = slots >= 0
-    flat_k = kc.view(-1, *kc.shape[2:])
-    flat_v = vc.view(-1, *vc.shape[2:])
-    flat_k[slots[keep]] = key[keep]
-    flat_v[slots[keep]] = value[keep]
+    blocks, offsets = slots[keep] // kc.shape[1], slots[keep] % kc.shape[1]
+    kc[blocks, offsets] = key[keep]
+    vc[blocks, offsets] = value[keep]
 
 
 def paged_prefill(

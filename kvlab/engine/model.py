@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvlab.engine.attention import PREFILL_IMPLS, paged_prefill, plan_decode, write_kv_cache
+from kvlab.engine.attention import PREFILL_IMPLS, paged_prefill, plan_decode, pool_tensors, write_kv_cache
 from kvlab.engine.attention import slot_mapping as compute_slots
 from kvlab.errors import (
     InvalidArgumentError,
@@ -123,10 +123,21 @@ class ModelConfig:
 
 
 class KVPool:
-    """The paged KV cache: per layer a key and a value tensor of ``num_blocks`` blocks."""
+    """The paged KV cache: per layer a key and a value tensor of ``num_blocks`` blocks.
+
+    Each layer's tensors are [num_blocks, block_size, num_kv_heads, head_dim] in ``layout``,
+    as ``layer_pool`` lays one out: "auto" is head-major on the CPU (as vLLM 0.33's CPU backend
+    stores its pool), token-major on a GPU; ``impl="flex"`` needs "token-major".
+    """
 
     def __init__(
-        self, config: ModelConfig, num_blocks: int, block_size: int, device: str | torch.device = "cpu"
+        self,
+        config: ModelConfig,
+        num_blocks: int,
+        block_size: int,
+        device: str | torch.device = "cpu",
+        *,
+        layout: str = "auto",
     ):
         if not isinstance(config, ModelConfig):
             raise InvalidArgumentError(f"config must be a ModelConfig, got {type(config).__name__}")
@@ -140,9 +151,17 @@ class KVPool:
             )
         self.num_blocks = num_blocks
         self.block_size = block_size
-        shape = (config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim)
-        self.keys = torch.zeros(shape, dtype=config.torch_dtype, device=device)
-        self.values = torch.zeros(shape, dtype=config.torch_dtype, device=device)
+        c = config
+        self.keys, self.values = pool_tensors(
+            (c.num_layers,),
+            num_blocks,
+            block_size,
+            c.num_kv_heads,
+            c.head_dim,
+            dtype=c.torch_dtype,
+            device=device,
+            layout=layout,
+        )
 
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.keys[i], self.values[i]

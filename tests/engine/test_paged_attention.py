@@ -22,9 +22,20 @@ TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}
 
 
 def make_case(
-    lens, block_size, num_kv_heads, group, head_dim=32, dtype=torch.float32, seed=0, spare_blocks=3
+    lens,
+    block_size,
+    num_kv_heads,
+    group,
+    head_dim=32,
+    dtype=torch.float32,
+    seed=0,
+    spare_blocks=3,
+    layout="token-major",
 ):
-    """Dense per-sequence K/V scattered into shuffled physical blocks; unused table entries hold garbage."""
+    """Dense per-sequence K/V scattered into shuffled physical blocks; unused table entries hold garbage.
+
+    ``layout="head-major"`` returns the same pool with each block's KV heads' rows side by side in memory.
+    """
     gen = torch.Generator().manual_seed(seed)
     num_heads = num_kv_heads * group
     keys = [torch.randn(n, num_kv_heads, head_dim, generator=gen).to(dtype) for n in lens]
@@ -47,7 +58,14 @@ def make_case(
             key_cache[block, : rows.stop - rows.start] = keys[s][rows]
             value_cache[block, : rows.stop - rows.start] = values[s][rows]
     seq_lens = torch.tensor(lens, dtype=torch.int32)
+    if layout == "head-major":
+        key_cache, value_cache = (head_major(c) for c in (key_cache, value_cache))
     return query, key_cache, value_cache, tables, seq_lens, keys, values
+
+
+def head_major(cache):
+    """The same pool, each block's KV heads one after another in memory (what layer_pool gives on the CPU)."""
+    return cache.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
 
 
 def dense_f64(query, keys, values, scale=None):
@@ -166,8 +184,13 @@ needs_compiler = pytest.mark.skipif(not compile_available(), reason="torch.compi
 
 @pytest.fixture
 def compiled_for_every_size(monkeypatch):
-    """impl="torch" compiles even small calls (the tests' sizes), with the process's one compiled callable."""
+    """impl="torch" compiles even small calls (the tests' sizes), with the process's one compiled callable.
+
+    The tests compile more kinds than a process would (both layouts, many dtypes and groups), so
+    the limit on kinds is lifted too.
+    """
     monkeypatch.setattr(attention, "COMPILED_MIN_BYTES", 0)
+    monkeypatch.setattr(attention, "COMPILED_MAX_KINDS", 64)
     monkeypatch.setattr(attention.COMPILED, "enabled", True)
 
 
@@ -183,18 +206,24 @@ def compiled_for_every_size(monkeypatch):
         (16, 6, torch.float32),
     ],
 )
-def test_compiled_decode_matches_float64_dense_attention(block_size, group, dtype, compiled_for_every_size):
+@pytest.mark.parametrize("layout", ["token-major", "head-major"])
+def test_compiled_decode_matches_float64_dense_attention(
+    block_size, group, dtype, layout, compiled_for_every_size
+):
     """Ragged lengths (1 to 1100, so many chunks and short last chunks), shuffled blocks, garbage past each table's end."""
     q, kc, vc, bt, sl, keys, values = make_case(
-        LENS, block_size, 2, group, dtype=dtype, seed=block_size + group
+        LENS, block_size, 2, group, dtype=dtype, seed=block_size + group, layout=layout
     )
+    if block_size == 1:  # one token a block: the head-major strides are a contiguous tensor's
+        layout = "token-major"
+    assert attention.pool_layout(kc) == layout
     shape, scale = check_decode_args(q, kc, vc, bt, sl, None)
     out = compiled_decode(q, kc, vc, bt, sl, scale, shape)
     assert out is not None, f"the compiled decode did not run: {attention.COMPILED.failure}"
     assert out.dtype == dtype and out.shape == q.shape
     atol = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}[dtype]
     torch.testing.assert_close(out.double(), dense_f64(q, keys, values), atol=atol, rtol=0)
-    kind = (dtype, block_size, 2, group, 32)
+    kind = (dtype, block_size, 2, group, 32, layout)
     assert kind in attention.COMPILED.kinds
     # impl="torch" takes the compiled path for this call, and gives its answer
     torch.testing.assert_close(paged_attention(q, kc, vc, bt, sl, impl="torch"), out, atol=0, rtol=0)
@@ -233,7 +262,7 @@ def test_compiled_decode_with_wide_rows_and_a_strided_query(compiled_for_every_s
     assert not strided.is_contiguous()
     out = paged_attention(strided, kc, vc, bt, sl, impl="torch")
     torch.testing.assert_close(out.double(), dense_f64(q, keys, values), atol=1e-5, rtol=0)
-    assert (torch.float32, 16, 16, 1, 128) in attention.COMPILED.kinds
+    assert (torch.float32, 16, 16, 1, 128, "token-major") in attention.COMPILED.kinds
 
 
 @needs_compiler
@@ -265,7 +294,7 @@ def test_the_compiled_decode_serves_new_batch_and_pool_sizes_without_compiling_a
         out = paged_attention(q, kc, vc, bt, sl, impl="torch")
         torch.testing.assert_close(out.double(), dense_f64(q, keys, values), atol=1e-5, rtol=0)
     assert counters["stats"]["unique_graphs"] == graphs
-    assert (torch.float32, 16, 2, 2, 32) in attention.COMPILED.kinds
+    assert (torch.float32, 16, 2, 2, 32, "token-major") in attention.COMPILED.kinds
 
 
 @needs_compiler
