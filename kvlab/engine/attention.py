@@ -14,10 +14,13 @@ backends' default. Head-major (in each block, a KV head's ``block_size`` rows in
 one run) is the only layout vLLM 0.33's CPU backend reads (its ``LBHNC``,
 ``vllm/v1/attention/backends/cpu_attn.py``), and kvlab's default on the CPU:
 the compiled decode below serves one KV head at a time, and reading a block in
-runs of ``block_size * head_dim`` numbers instead of ``head_dim`` made it
-0.76-0.87x SDPA on the benchmark's shapes where token-major was 0.94-1.21x
-(2-core AMD EPYC). Every implementation gives the same numbers on either, apart
-from ``"flex"``, which needs token-major.
+runs of ``block_size * head_dim`` numbers instead of ``head_dim`` made the same
+kernel faster on the larger shapes of ``benchmarks/paged_attention.py`` (on a
+2-core AMD EPYC, three runs at one and two threads: token-major took 0.98-1.27x
+the head-major time, over 1x on 23 of 24 rows, most with 32 KV heads), and
+about even on its smallest, 8 x 512 tokens, whose 34 MB about fit that
+machine's cache (0.93-1.03x). Every implementation gives the same
+numbers on either, apart from ``"flex"``, which needs token-major.
 
 Two entry points:
 

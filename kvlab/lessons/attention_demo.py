@@ -16,14 +16,22 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 
 from kvlab.core.chat_format import Message, render
 from kvlab.core.timing import Timing, measure_side_by_side
-from kvlab.engine import Engine, ModelConfig, paged_attention, slot_mapping, write_kv_cache
+from kvlab.engine import (
+    Engine,
+    ModelConfig,
+    layer_pool,
+    paged_attention,
+    pool_layout,
+    slot_mapping,
+    write_kv_cache,
+)
 from kvlab.engine.chat import ChatTurnResult, context_needed, system_prompt, user_message
 from kvlab.engine.engine import GenerationResult
 from kvlab.errors import (
@@ -132,6 +140,12 @@ class PagedBatch:
             self.query, self.key_cache, self.value_cache, self.block_tables, self.seq_lens, impl=impl
         )
 
+    def token_major(self) -> PagedBatch:
+        """The same batch in a token-major pool (a copy where this one is head-major): what ``impl="flex"`` reads."""
+        if pool_layout(self.key_cache) == "token-major":
+            return self
+        return replace(self, key_cache=self.key_cache.contiguous(), value_cache=self.value_cache.contiguous())
+
     @property
     def kv_bytes(self) -> int:
         """Bytes of K and V in the pool: what one decode step reads."""
@@ -149,12 +163,14 @@ def paged_batch(
     dtype: torch.dtype = torch.float32,
     seed: int = 0,
     shuffled: bool = True,
+    layout: str = "auto",
 ) -> PagedBatch:
     """Random K/V per sequence, written into a pool through the block tables kvlab's ``BlockPool`` hands out.
 
     ``shuffled`` hands blocks out from a shuffled free list, so no table is in order; with
     ``shuffled=False`` the same keys and values (same seed) sit in blocks in order, sequence after
-    sequence: the pool is then the contiguous layout, still read through the tables.
+    sequence: the pool is then the contiguous layout, still read through the tables. ``layout``
+    is the pool's memory layout (``kvlab.engine.layer_pool``: "auto" is head-major on the CPU).
     """
     lengths = _lengths(lengths)
     block_size = check_size("block_size", block_size, "block_size", minimum=1)
@@ -179,9 +195,9 @@ def paged_batch(
     num_blocks = sum(-(-n // block_size) for n in lengths)
     order = torch.randperm(num_blocks, generator=cpu).tolist() if shuffled else list(range(num_blocks))
     pool = BlockPool(num_blocks, block_size, free_order=order)
-    shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    key_cache = torch.zeros(shape, dtype=dtype, device=device)
-    value_cache = torch.zeros(shape, dtype=dtype, device=device)
+    key_cache, value_cache = layer_pool(
+        num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype, device=device, layout=layout
+    )
     keys, values, tables = [], [], []
     for i, n in enumerate(lengths):
         pool.allocate(f"s{i}", n)
@@ -266,7 +282,13 @@ def error_table(lengths: Sequence[int], impls: Sequence[str], device: str = "cpu
         for dtype in (torch.float32, torch.float16):
             batch = paged_batch(lengths, block_size, device=device, dtype=dtype, seed=block_size)
             expected = dense_attention(batch.query, batch.keys, batch.values)
-            errors = [(batch.attend(impl).double() - expected).abs().max().item() for impl in impls]
+            errors = [
+                ((batch.token_major() if impl == "flex" else batch).attend(impl).double() - expected)
+                .abs()
+                .max()
+                .item()
+                for impl in impls
+            ]
             lines.append(
                 f"{block_size:>10}  {str(dtype)[6:]:>8}  " + "  ".join(f"{e:>10.1e}" for e in errors)
             )
@@ -518,9 +540,9 @@ def decode_against_sdpa(
     contiguous = (
         2 * num_seqs * seq_len * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
     )
-    _check_bytes(  # two batches (shuffled, in order), the contiguous K and V, the 64 MiB copy's two buffers
+    _check_bytes(  # the batches (shuffled, in order; token-major copies for flex), contiguous K and V, the copy
         "the two batches, their contiguous K and V and the memory copy",
-        2 * one + contiguous + 2 * 64 * MiB,
+        2 * one * (1 + ("flex" in impls)) + contiguous + 2 * 64 * MiB,
         "use fewer sequences, a shorter seq_len, fewer KV heads or a smaller head_dim",
     )
     shape = dict(
@@ -534,9 +556,12 @@ def decode_against_sdpa(
     contiguous_v = torch.stack(batch.values).transpose(1, 2).contiguous()
     grouped_q = batch.query.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
     calls: dict[str, Callable[[], object]] = {}
-    for impl in impls:
-        calls[f"paged, {impl}"] = lambda impl=impl: batch.attend(impl)
-        calls[f"paged, {impl}, blocks in order"] = lambda impl=impl: in_order.attend(impl)
+    for impl in impls:  # flex reads a token-major pool: its own copy, made before the timing
+        shuffled, ordered = (
+            (b.token_major() for b in (batch, in_order)) if impl == "flex" else (batch, in_order)
+        )
+        calls[f"paged, {impl}"] = lambda impl=impl, b=shuffled: b.attend(impl)
+        calls[f"paged, {impl}, blocks in order"] = lambda impl=impl, b=ordered: b.attend(impl)
     calls["contiguous, torch SDPA"] = lambda: F.scaled_dot_product_attention(
         grouped_q, contiguous_k, contiguous_v
     )

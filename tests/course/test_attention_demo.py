@@ -37,6 +37,34 @@ def test_paged_batch_matches_dense_attention_shuffled_and_in_order(one_thread, b
     assert in_order.kv_bytes == in_order.key_cache.nbytes * 2
 
 
+def test_paged_batch_pools_are_head_major_on_the_cpu_and_flex_gets_a_token_major_copy(one_thread):
+    """The CPU default is the head-major pool; token_major() is the same batch as flex reads it, same answers."""
+    from kvlab.engine import pool_layout
+
+    batch = demo.paged_batch([5, 40, 90], 16, seed=4)
+    assert pool_layout(batch.key_cache) == pool_layout(batch.value_cache) == "head-major"
+    token = batch.token_major()
+    assert pool_layout(token.key_cache) == "token-major" and token.token_major() is token
+    assert torch.equal(token.key_cache, batch.key_cache) and torch.equal(token.value_cache, batch.value_cache)
+    assert pool_layout(batch.key_cache) == "head-major"  # the copy leaves the batch as it was
+    chosen = demo.paged_batch([5, 40, 90], 16, seed=4, layout="token-major")
+    assert pool_layout(chosen.key_cache) == "token-major"
+    assert torch.equal(chosen.key_cache, batch.key_cache)
+    torch.testing.assert_close(batch.attend("torch"), token.attend("torch"), atol=1e-6, rtol=0)
+
+
+@pytest.mark.slow
+def test_flex_runs_in_the_error_table_and_the_timing_on_its_token_major_copy(one_thread):
+    """Notebook 14's helpers hand flex the token-major copy of their head-major batches (flex compiles here)."""
+    lines = demo.error_table([3, 40], ["reference", "flex"])
+    errors = [float(line.split()[-1]) for line in lines[2:]]
+    assert len(errors) == 6 and max(errors) < 2e-3
+    timed = demo.decode_against_sdpa(
+        ["flex"], num_seqs=2, seq_len=64, num_heads=4, num_kv_heads=2, head_dim=16, repeats=2
+    )
+    assert {"paged, flex", "paged, flex, blocks in order"} <= set(timed.times)
+
+
 def test_a_shuffled_pool_is_not_in_order(one_thread):
     batch = demo.paged_batch([300, 300], 16, seed=0)
     flat = [b for row in batch.block_tables.tolist() for b in row]
@@ -205,6 +233,8 @@ def test_ttft_by_mode_interleaves_the_modes_and_compares_with_off(one_thread):
         lambda: demo.goal_line(Timing((1.0,), (1.0,)), Timing((1.0,), (1.0,)), "x", goal=0),
         lambda: demo.dense_attention(None, None, None),
         lambda: demo.paged_batch([4], 4, dtype="float32"),
+        lambda: demo.paged_batch([4], 4, layout="NHD"),
+        lambda: demo.paged_batch([4], 4, layout=None),
         lambda: demo.ttft_by_mode(10, repeats=0),
         lambda: demo.ttft_by_mode(10, device="tpu"),
         lambda: demo.requests_per_step(["a prompt"], (2,)),
