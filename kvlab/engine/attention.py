@@ -262,6 +262,10 @@ def pool_layout(cache: torch.Tensor) -> str:
     (``[num_blocks, num_kv_heads, block_size, head_dim]`` in memory). Where one KV head or one
     token a block makes the two the same, it is "token-major".
     """
+    if not isinstance(cache, torch.Tensor):
+        raise InvalidArgumentError(
+            f"pool_layout reads a torch.Tensor (a key or value cache), got {brief(cache)}"
+        )
     if cache.is_contiguous():
         return "token-major"
     if cache.dim() == 4 and cache.permute(0, 2, 1, 3).is_contiguous():
@@ -329,6 +333,11 @@ def pool_device(device: object) -> torch.device:
         )
     if where.type == "cuda" and not torch.cuda.is_available():
         raise InvalidArgumentError("device is a CUDA device but this torch sees no GPU: use device='cpu'")
+    if where.type == "cuda" and where.index is not None and where.index >= torch.cuda.device_count():
+        raise InvalidArgumentError(
+            f"device {where} names GPU {where.index}, but this torch sees {torch.cuda.device_count()}: "
+            "use 'cuda' or an index below that"
+        )
     return where
 
 
@@ -894,7 +903,7 @@ def _compiled_decode_applies(query, key_cache, value_cache, total_tokens: int, s
         return False
     if query.dtype == torch.float64 or any(t.requires_grad for t in (query, key_cache, value_cache)):
         return False
-    kind = _compiled_kind(query, key_cache, shape)
+    kind = _compiled_kind(query, key_cache, value_cache, shape)
     if kind in COMPILED.over_limit or (
         kind not in COMPILED.kinds and len(COMPILED.kinds) >= COMPILED_MAX_KINDS
     ):
@@ -903,7 +912,9 @@ def _compiled_decode_applies(query, key_cache, value_cache, total_tokens: int, s
     return total_tokens * per_token >= COMPILED_MIN_BYTES
 
 
-def _compiled_kind(query: torch.Tensor, key_cache: torch.Tensor, shape: PagedShape) -> tuple:
+def _compiled_kind(
+    query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, shape: PagedShape
+) -> tuple:
     """What one compile of the decode serves: dtype, block size, KV heads, group, head_dim and the pool's layout.
 
     The layout is part of it because the generated C++ bakes in the pool's strides.
@@ -914,8 +925,14 @@ def _compiled_kind(query: torch.Tensor, key_cache: torch.Tensor, shape: PagedSha
         shape.num_kv_heads,
         shape.group,
         shape.head_dim,
-        pool_layout(key_cache),
+        _layouts(key_cache, value_cache),
     )
+
+
+def _layouts(key_cache: torch.Tensor, value_cache: torch.Tensor) -> str:
+    """The pool's layout, or both where keys and values differ ("token-major/head-major")."""
+    key, value = pool_layout(key_cache), pool_layout(value_cache)
+    return key if key == value else f"{key}/{value}"
 
 
 def _members_per_pass(group: int) -> int:
@@ -1063,7 +1080,7 @@ def compiled_decode(
     None and the caller runs the walk (a failure warns once and turns this
     path off for the process).
     """
-    kind = _compiled_kind(query, key_cache, shape)
+    kind = _compiled_kind(query, key_cache, value_cache, shape)
     if COMPILED.fn is None:
         if not compile_available():
             COMPILED.failure = "torch.compile needs inductor and a C++ compiler (g++ or clang++)"
@@ -1362,6 +1379,14 @@ def _flex_block_mask(block_tables: torch.Tensor, seq_lens: torch.Tensor, shape: 
 
     device, bs = block_tables.device, shape.block_size
     num_seqs, width = block_tables.shape
+    # owners, physical_to_logical and the mask's kv indices: about four int64 [num_seqs, num_blocks] tensors
+    mask_bytes = 4 * 8 * num_seqs * shape.num_blocks
+    if mask_bytes > LIMITS.memory_mib * 2**20:
+        raise InvalidArgumentError(
+            f"impl='flex' builds its block mask over every block of the pool for every sequence: "
+            f"{num_seqs:,} sequences x {shape.num_blocks:,} blocks would take {mask_bytes >> 20:,} MiB, more than "
+            f"{LIMITS.memory_mib:,} (LIMITS.memory_mib); use impl='torch', fewer sequences or a smaller pool"
+        )
     lens = seq_lens.to(device=device, dtype=torch.int64)
     n_blocks = (lens + bs - 1) // bs
     n_full = lens // bs
@@ -1477,6 +1502,32 @@ def _check_unwritten_values(value_cache, block_tables, seq_lens, shape: PagedSha
         )
 
 
+def flex_views_refusal(key_cache: torch.Tensor, value_cache: torch.Tensor) -> str | None:
+    """Why FlexAttention cannot read these caches as one run of tokens per KV head, or None if it can."""
+    layouts = {name: pool_layout(c) for name, c in (("key_cache", key_cache), ("value_cache", value_cache))}
+    if all(layout == "token-major" for layout in layouts.values()):
+        return None
+    named = ", ".join(f"{name} is {layout}" for name, layout in layouts.items())
+    return (
+        f"impl='flex' reads the pool as one run of tokens per KV head, which needs token-major caches ({named}): "
+        "make the pool token-major (layer_pool(..., layout='token-major'), KVPool(..., layout='token-major'), "
+        "or key_cache.contiguous() and value_cache.contiguous()), or use impl='torch'"
+    )
+
+
+def _flex_views(key_cache: torch.Tensor, value_cache: torch.Tensor, shape: PagedShape):
+    """The caches as [1, num_kv_heads, num_blocks * block_size, head_dim] views, or kvlab's refusal."""
+    tokens = shape.num_blocks * shape.block_size
+    try:
+        k = key_cache.view(1, tokens, shape.num_kv_heads, shape.head_dim).transpose(1, 2)
+        v = value_cache.view(1, tokens, shape.num_kv_heads, shape.head_dim).transpose(1, 2)
+    except RuntimeError:
+        raise InvalidArgumentError(
+            flex_views_refusal(key_cache, value_cache) or "impl='flex' cannot view these caches"
+        ) from None
+    return k, v
+
+
 def flex_decode(
     query, key_cache, value_cache, block_tables, seq_lens, scale, shape: PagedShape, *, compiled=None
 ):
@@ -1487,19 +1538,10 @@ def flex_decode(
     """
     if not flex_available():
         raise InvalidArgumentError("impl='flex' needs torch >= 2.5 (FlexAttention); use impl='torch'")
+    k, v = _flex_views(key_cache, value_cache, shape)  # refused before the block mask is built
     mask = _flex_block_mask(block_tables, seq_lens, shape)
     if compiled is None:
         compiled = flex_mode(query.dtype, shape.block_size) == "compiled"
-    tokens = shape.num_blocks * shape.block_size
-    try:
-        k = key_cache.view(1, tokens, shape.num_kv_heads, shape.head_dim).transpose(1, 2)
-        v = value_cache.view(1, tokens, shape.num_kv_heads, shape.head_dim).transpose(1, 2)
-    except RuntimeError:
-        raise InvalidArgumentError(
-            f"impl='flex' reads the pool as one run of tokens per KV head, which this {pool_layout(key_cache)} "
-            "pool's strides do not allow: make the pool token-major (layer_pool(..., layout='token-major'), or "
-            "key_cache.contiguous() and value_cache.contiguous()), or use impl='torch'"
-        ) from None
     _check_unwritten_values(value_cache, block_tables, seq_lens, shape)
     # grouped: each KV head's query heads are the query rows of one attention over that head's keys, so a
     # block of keys is read once per KV head, not once per query head (decode is exact this way)

@@ -30,7 +30,16 @@ from dataclasses import dataclass
 
 import torch
 
-from kvlab.engine.attention import PREFILL_IMPLS, paged_prefill, plan_decode, pool_tensors, write_kv_cache
+from kvlab.engine import attention
+from kvlab.engine.attention import (
+    DECODE_IMPLS,
+    PREFILL_IMPLS,
+    flex_views_refusal,
+    paged_prefill,
+    plan_decode,
+    pool_tensors,
+    write_kv_cache,
+)
 from kvlab.engine.attention import slot_mapping as compute_slots
 from kvlab.errors import (
     InvalidArgumentError,
@@ -167,6 +176,25 @@ class KVPool:
         return self.keys[i], self.values[i]
 
 
+def _decode_impl(impl: object, pool: KVPool) -> str:
+    """``impl`` checked against the pool before a decode writes anything, so a refused step changes no slot."""
+    impl = check_choice("impl", impl, DECODE_IMPLS)
+    keys, values = pool.layer(0)
+    if impl == "flex" and (why := flex_views_refusal(keys, values)) is not None:
+        raise InvalidArgumentError(why)
+    if impl == "triton" and keys.device.type != "cuda" and not attention._triton_interpreted():
+        raise InvalidArgumentError(
+            "impl='triton' runs on a GPU: make the pool on a CUDA device, or use impl='torch'"
+        )
+    return impl
+
+
+def _prefill_impl(impl: object) -> str:
+    """A prefill's implementation: a prefill one as named; a decode-only one (triton, flex) prefills with "auto"."""
+    impl = check_choice("impl", impl, DECODE_IMPLS)
+    return impl if impl in PREFILL_IMPLS else "auto"
+
+
 class TinyTransformer:
     """The model: weights drawn from ``config.seed``; ``prefill`` and ``decode`` read and write a ``KVPool``."""
 
@@ -258,8 +286,9 @@ class TinyTransformer:
             if plan is not None:
                 write_kv_cache(k, v, key_cache, value_cache, slots)
                 return plan.attend(q, key_cache, value_cache, impl=impl)
-            return paged_prefill(q, k, v, key_cache, value_cache, table[None, :], seq_lens, query_lens,
-                                 impl=impl if impl in PREFILL_IMPLS else "auto")  # fmt: skip
+            return paged_prefill(
+                q, k, v, key_cache, value_cache, table[None, :], seq_lens, query_lens, impl=impl
+            )
 
         h = self._layers(ids, positions, pool, attend)
         return self._rms_norm(h[-1]) @ self.lm_head.T
@@ -296,7 +325,7 @@ class TinyTransformer:
         (over ``output_ids``).
         """
         toks = self._check_call(tokens, start, pool, block_table)
-        return self._forward(toks, start, pool, block_table, impl, decode=False)
+        return self._forward(toks, start, pool, block_table, _prefill_impl(impl), decode=False)
 
     @torch.inference_mode()
     def decode(
@@ -304,7 +333,7 @@ class TinyTransformer:
     ) -> torch.Tensor:
         """One decode step: ``token`` at ``position`` attends over the cache through one ``DecodePlan`` for every layer."""
         toks = self._check_call([token], position, pool, block_table)
-        return self._forward(toks, position, pool, block_table, impl, decode=True)
+        return self._forward(toks, position, pool, block_table, _decode_impl(impl, pool), decode=True)
 
     @torch.inference_mode()
     def decode_batch(
@@ -339,7 +368,7 @@ class TinyTransformer:
                 f"positions up to {max(pos)} do not fit block tables of {block_tables.shape[-1]} blocks "
                 f"of {pool.block_size} tokens"
             )
-        return self._forward_batch(toks, pos, pool, block_tables, impl)
+        return self._forward_batch(toks, pos, pool, block_tables, _decode_impl(impl, pool))
 
     @torch.inference_mode()
     def prefill_batch(
@@ -369,7 +398,7 @@ class TinyTransformer:
             self._check_call(p, s, pool, block_tables[i])
             for i, (p, s) in enumerate(zip(prompts, starts, strict=True))
         ]
-        return self._prefill_batch(toks, [int(s) for s in starts], pool, block_tables, impl)
+        return self._prefill_batch(toks, [int(s) for s in starts], pool, block_tables, _prefill_impl(impl))
 
     def _prefill_batch(
         self, prompts: list[list[int]], starts: list[int], pool: KVPool, block_tables: torch.Tensor, impl: str
@@ -385,8 +414,7 @@ class TinyTransformer:
         last = torch.cumsum(query_lens.to(torch.int64), 0) - 1
 
         def attend(q, k, v, key_cache, value_cache):
-            return paged_prefill(q, k, v, key_cache, value_cache, tables, seq_lens, query_lens,
-                                 impl=impl if impl in PREFILL_IMPLS else "auto")  # fmt: skip
+            return paged_prefill(q, k, v, key_cache, value_cache, tables, seq_lens, query_lens, impl=impl)
 
         h = self._layers(ids, pos, pool, attend)
         return self._rms_norm(h[last]) @ self.lm_head.T

@@ -236,9 +236,11 @@ def test_compiled_kinds_tell_the_layouts_apart():
     """The generated kernel bakes in the pool's strides, so each layout is its own compiled kind."""
     q, kc, vc, bt, sl, *_ = make_case([40], 16, 2, 4, seed=8)
     shape, _ = attention.check_decode_args(q, kc, vc, bt, sl, None)
-    token = attention._compiled_kind(q, kc, shape)
-    head = attention._compiled_kind(q, head_major(kc), shape)
+    token = attention._compiled_kind(q, kc, vc, shape)
+    head = attention._compiled_kind(q, head_major(kc), head_major(vc), shape)
     assert token[-1] == "token-major" and head[-1] == "head-major" and token[:-1] == head[:-1]
+    mixed = attention._compiled_kind(q, kc, head_major(vc), shape)
+    assert mixed[-1] == "token-major/head-major"
 
 
 @given(
@@ -249,3 +251,73 @@ def test_pool_layout_names_what_layer_pool_made(blocks, block_size, kv_heads, la
     keys, values = layer_pool(blocks, block_size, kv_heads, 8, layout=layout)
     expected = "token-major" if kv_heads == 1 or block_size == 1 else layout
     assert pool_layout(keys) == pool_layout(values) == expected
+
+
+@pytest.mark.parametrize("impl", ["flex", "bogus", 5, None])
+def test_a_refused_decode_step_writes_no_slot(impl):
+    """The tiny model checks impl against the pool before layer 0 writes its key and value."""
+    config = ModelConfig(**SMALL)
+    model = TinyTransformer(config, output_ids=list(range(8)))
+    pool = KVPool(config, num_blocks=4, block_size=16)  # head-major: flex cannot read it
+    table = torch.tensor([2, 0, 3], dtype=torch.int32)
+    model.prefill(list(range(1, 30)), 0, pool, table)
+    keys, values = pool.keys.clone(), pool.values.clone()
+    with pytest.raises(InvalidArgumentError, match="impl") as refused:
+        model.decode(5, 29, pool, table, impl=impl)
+    if impl == "flex":
+        assert "KVPool(..., layout='token-major')" in str(refused.value)
+    with pytest.raises(InvalidArgumentError, match="impl"):
+        model.decode_batch([5], [29], pool, table[None, :], impl=impl)
+    assert torch.equal(pool.keys, keys) and torch.equal(pool.values, values)
+
+
+@pytest.mark.parametrize("impl", ["bogus", 5, None])
+def test_prefill_refuses_an_unknown_impl_before_writing(impl):
+    config = ModelConfig(**SMALL)
+    model = TinyTransformer(config, output_ids=list(range(8)))
+    pool = KVPool(config, num_blocks=4, block_size=16)
+    table = torch.tensor([2, 0, 3], dtype=torch.int32)
+    with pytest.raises(InvalidArgumentError, match="impl"):
+        model.prefill(list(range(1, 30)), 0, pool, table, impl=impl)
+    with pytest.raises(InvalidArgumentError, match="impl"):
+        model.prefill_batch([list(range(1, 30))], [0], pool, table[None, :], impl=impl)
+    assert not pool.keys.any() and not pool.values.any()
+
+
+def test_flex_on_a_token_major_pool_in_the_tiny_model_matches_torch():
+    config = ModelConfig(**SMALL)
+    model = TinyTransformer(config, output_ids=list(range(8)))
+    table = torch.tensor([2, 0, 3], dtype=torch.int32)
+    logits = {}
+    for impl in ("torch", "flex"):
+        pool = KVPool(config, num_blocks=4, block_size=16, layout="token-major")
+        model.prefill(list(range(1, 30)), 0, pool, table)
+        logits[impl] = model.decode(5, 29, pool, table, impl=impl)
+    torch.testing.assert_close(logits["flex"], logits["torch"], atol=1e-5, rtol=0)
+
+
+def test_flex_refuses_a_head_major_pool_before_building_its_block_mask(monkeypatch):
+    """The layout refusal comes first; the mask itself, num_seqs x num_blocks, is bounded by LIMITS.memory_mib."""
+    built = []
+    real = attention._flex_block_mask
+    monkeypatch.setattr(attention, "_flex_block_mask", lambda *a: built.append(1) or real(*a))
+    q, kc, vc, bt, sl, *_ = make_case([5, 40], 16, 2, 4, seed=4, layout="head-major")
+    with pytest.raises(InvalidArgumentError, match="key_cache is head-major, value_cache is head-major"):
+        paged_attention(q, kc, vc, bt, sl, impl="flex")
+    assert not built
+    mixed = (kc.contiguous(), vc)
+    with pytest.raises(InvalidArgumentError, match="key_cache is token-major, value_cache is head-major"):
+        paged_attention(q, *mixed, bt, sl, impl="flex")
+    kc, vc = layer_pool(2**16, 1, 1, 1, layout="token-major")
+    seqs = 2**12  # 4,096 sequences x 65,536 blocks: 8 GiB of mask
+    with pytest.raises(InvalidArgumentError, match="block mask"):
+        paged_attention(
+            torch.zeros(seqs, 1, 1), kc, vc, torch.arange(seqs, dtype=torch.int32)[:, None],
+            torch.ones(seqs, dtype=torch.int32), impl="flex",
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("value", [None, [1, 2], "pool", 3])
+def test_pool_layout_refuses_what_is_not_a_tensor(value):
+    with pytest.raises(InvalidArgumentError, match="torch.Tensor"):
+        pool_layout(value)
