@@ -395,12 +395,38 @@ def _check_table_tensors(
     return bt, sl
 
 
+def check_writable_cache(key_cache: object, value_cache: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """``check_cache``, and keys and values in memory of their own: a write to one must not land in the other.
+
+    Reading one tensor as both is attention with K = V, so only the calls that write refuse it.
+    """
+    kc, vc = check_cache(key_cache, value_cache)
+    if kc.data_ptr() == vc.data_ptr() and kc.stride() == vc.stride():
+        raise InvalidArgumentError(
+            "key_cache and value_cache are the same memory, so writing values would overwrite the keys: "
+            "give keys and values a tensor each (layer_pool returns the pair)"
+        )
+    return kc, vc
+
+
 def _refuse_expanded(name: str, cache: torch.Tensor) -> None:
-    """A KV pool holds its own memory: a zero stride (an ``expand``ed view) claims sizes no memory backs."""
-    if any(stride == 0 and size > 1 for size, stride in zip(cache.shape, cache.stride(), strict=True)):
+    """A KV pool holds its own memory: a zero stride (an ``expand``ed view) claims sizes no memory backs.
+
+    Nor may two slots share memory (an ``as_strided`` view whose strides overlap), or writing one
+    would change another: taken from the smallest stride up, each dimension must step past all of
+    the ones inside it, as every permuted or sliced view of a real tensor does.
+    """
+    dims = [(stride, size) for size, stride in zip(cache.shape, cache.stride(), strict=True) if size > 1]
+    if any(stride == 0 for stride, _ in dims):
         raise InvalidArgumentError(
             f"{name} is an expanded view (a zero stride, shape {tuple(cache.shape)}): a KV pool holds a "
             f"value for every slot; pass {name}.contiguous() or a real pool"
+        )
+    dims.sort()
+    if any(outer < inner * size for (inner, size), (outer, _) in zip(dims, dims[1:], strict=False)):
+        raise InvalidArgumentError(
+            f"{name}'s strides {cache.stride()} make slots of shape {tuple(cache.shape)} share memory: a KV pool "
+            f"holds a value for every slot; pass {name}.contiguous() or a pool from layer_pool"
         )
 
 
@@ -1575,7 +1601,7 @@ def write_kv_cache(
 
     A slot of -1 skips its token (vLLM pads batches that way).
     """
-    kc, vc = check_cache(key_cache, value_cache)
+    kc, vc = check_writable_cache(key_cache, value_cache)
     _check_kv_rows(key, value, kc)
     sl = _check_tensor("slots", slots, 1, "[num_tokens]")
     _check_int_tensor("slots", sl)
@@ -1646,7 +1672,7 @@ def paged_prefill(
     """
     impl = _check_impl(impl, PREFILL_IMPLS)
     q = _check_tensor("query", query, 3, "[num_tokens, num_heads, head_dim]")
-    kc, vc = check_cache(key_cache, value_cache)
+    kc, vc = check_writable_cache(key_cache, value_cache)
     _check_kv_rows(key, value, kc)
     if key.shape[0] != q.shape[0]:
         raise InvalidArgumentError(

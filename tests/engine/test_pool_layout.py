@@ -321,3 +321,19 @@ def test_flex_refuses_a_head_major_pool_before_building_its_block_mask(monkeypat
 def test_pool_layout_refuses_what_is_not_a_tensor(value):
     with pytest.raises(InvalidArgumentError, match="torch.Tensor"):
         pool_layout(value)
+
+
+def test_pools_whose_slots_share_memory_are_refused():
+    """An as_strided pool whose token and head strides overlap, or one tensor passed as both caches."""
+    kc, vc = layer_pool(2, 4, 2, 8)
+    overlapping = torch.zeros(72).as_strided((2, 4, 2, 8), (32, 8, 8, 1))  # token step == head step
+    key, value, slot = torch.ones(1, 2, 8), torch.full((1, 2, 8), 7.0), torch.tensor([0])
+    with pytest.raises(InvalidArgumentError, match="share memory"):
+        write_kv_cache(key, value, kc, overlapping, slot)
+    with pytest.raises(InvalidArgumentError, match="same memory"):
+        write_kv_cache(key, value, kc, kc, slot)
+    assert not kc.any() and not overlapping.any()
+    # a pool's views that do not overlap pass: one tensor holding keys and values per block, as vLLM's does
+    both = torch.zeros(2, 2, 4, 2, 8)
+    write_kv_cache(key, value, both[:, 0], both[:, 1], slot)
+    assert torch.equal(both[0, 0, 0], key[0]) and torch.equal(both[0, 1, 0], value[0])
