@@ -15,11 +15,9 @@ one run) is the only layout vLLM 0.33's CPU backend reads (its ``LBHNC``,
 ``vllm/v1/attention/backends/cpu_attn.py``), and kvlab's default on the CPU:
 the compiled decode below serves one KV head at a time, and reading a block in
 runs of ``block_size * head_dim`` numbers instead of ``head_dim`` made the same
-kernel faster on the larger shapes of ``benchmarks/paged_attention.py`` (on a
-2-core AMD EPYC, three runs at one and two threads: token-major took 0.98-1.27x
-the head-major time, over 1x on 23 of 24 rows, most with 32 KV heads), and
-about even on its smallest, 8 x 512 tokens, whose 34 MB about fit that
-machine's cache (0.93-1.03x). Every implementation gives the same
+kernel faster on ``benchmarks/paged_attention.py``'s shapes: on a 2-core AMD
+EPYC, in three runs at one and two threads, token-major took 1.02-1.29x the
+head-major time on 29 of 30 rows, 0.91x on the other (32 KV heads, one thread). Every implementation gives the same
 numbers on either, apart from ``"flex"``, which needs token-major.
 
 Two entry points:
