@@ -245,6 +245,8 @@ def write_file(directory: object, filename: object, blob: bytes) -> int:
     """Write ``blob`` to ``directory/filename`` atomically (temporary file, fsync, replace); return its size."""
     name = check_filename(filename)
     d = check_directory(directory)
+    if not isinstance(blob, (bytes, bytearray)):
+        raise InvalidArgumentError(f"blob must be the file's bytes (bytes or bytearray), got {brief(blob)}")
     if not _FAST:  # pragma: no cover - Windows
         return _write_portable(d, name, blob)
     dfd = _open_dir(d)
