@@ -9,16 +9,17 @@ in physical block ``block_tables[s, p // block_size]`` at offset
 
 That shape is indexed the same whatever the pool's strides; ``layer_pool`` makes
 one of two memory layouts (``pool_layout`` names them). Token-major (the tensor
-contiguous, a token's KV heads side by side) is vLLM 0.33's NHD, its GPU
-backends' default. Head-major (in each block, a KV head's ``block_size`` rows in
+contiguous, a token's KV heads side by side) is vLLM 0.33's NHD (LBNHC), its
+choice where an attention backend states no preference. Head-major (in each block, a KV head's ``block_size`` rows in
 one run) is the only layout vLLM 0.33's CPU backend reads (its ``LBHNC``,
 ``vllm/v1/attention/backends/cpu_attn.py``), and kvlab's default on the CPU:
 the compiled decode below serves one KV head at a time, and reading a block in
 runs of ``block_size * head_dim`` numbers instead of ``head_dim`` made the same
 kernel faster on ``benchmarks/paged_attention.py``'s shapes: on a 2-core AMD
 EPYC, in three runs at one and two threads, token-major took 1.02-1.29x the
-head-major time on 29 of 30 rows, 0.91x on the other (32 KV heads, one thread). Every implementation gives the same
-numbers on either, apart from ``"flex"``, which needs token-major.
+head-major time on 29 of 30 rows, 0.91x on the other (32 KV heads, one
+thread). Every implementation gives the same numbers on either, apart from
+``"flex"``, which needs token-major.
 
 Two entry points:
 
@@ -287,7 +288,7 @@ def layer_pool(
     only where the rows lie in memory differs (``pool_layout``):
 
     * ``"token-major"``: a token's heads side by side, the tensor contiguous; vLLM 0.33's
-      NHD, its GPU attention backends' default;
+      NHD, its choice where an attention backend states no preference;
     * ``"head-major"``: in each block a KV head's ``block_size`` rows are one run of
       memory; vLLM 0.33's CPU backend reads only this layout (its ``LBHNC``). A CPU kernel
       that serves one KV head at a time then reads each block in runs of
@@ -298,17 +299,14 @@ def layer_pool(
     FlexAttention (``impl="flex"``) reads a KV head's tokens as one run over the whole pool,
     so it needs a token-major pool.
     """
-    dims = {
-        "num_blocks": check_size("num_blocks", num_blocks, "num_blocks", minimum=1),
-        "block_size": check_size("block_size", block_size, "block_size", minimum=1),
-        "num_kv_heads": check_int("num_kv_heads", num_kv_heads, minimum=1),
-        "head_dim": check_int("head_dim", head_dim, minimum=1),
-    }
+    nb = check_size("num_blocks", num_blocks, "num_blocks", minimum=1)
+    bs = check_size("block_size", block_size, "block_size", minimum=1)
+    kv = check_int("num_kv_heads", num_kv_heads, minimum=1)
+    d = check_int("head_dim", head_dim, minimum=1)
     if not isinstance(dtype, torch.dtype) or dtype not in FLOAT_DTYPES:
         raise InvalidArgumentError(
             f"dtype must be torch.float16, torch.bfloat16, torch.float32 or torch.float64, got {brief(dtype)}"
         )
-    nb, bs, kv, d = dims.values()
     size = 2 * nb * bs * kv * d * torch.empty((), dtype=dtype).element_size()  # exact: ints of any size
     if size > LIMITS.memory_mib * 2**20:
         raise InvalidArgumentError(
@@ -732,15 +730,20 @@ def paged_attention(
     return _decode(query, key_cache, value_cache, plan, shape, scale_, impl)
 
 
-def _decode(query, key_cache, value_cache, plan: DecodePlan, shape: PagedShape, scale_: float, impl: str):
-    """The decode after its checks: the tables are the plan's private copies."""
-    if impl == "auto":
-        impl = "triton" if query.is_cuda and triton_available() else "torch"
-    if impl == "triton" and not query.is_cuda and not _triton_interpreted():
+def refuse_triton_off_gpu(impl: str, device: torch.device) -> None:
+    """impl='triton' on a CPU tensor is refused, unless Triton's interpreter runs it there."""
+    if impl == "triton" and device.type != "cuda" and not _triton_interpreted():
         raise InvalidArgumentError(
             "impl='triton' runs on a GPU: pass CUDA tensors, or use impl='torch' on the CPU "
             "(Triton's interpreter, TRITON_INTERPRET=1 set before triton is imported, runs it on a CPU slowly)"
         )
+
+
+def _decode(query, key_cache, value_cache, plan: DecodePlan, shape: PagedShape, scale_: float, impl: str):
+    """The decode after its checks: the tables are the plan's private copies."""
+    if impl == "auto":
+        impl = "triton" if query.is_cuda and triton_available() else "torch"
+    refuse_triton_off_gpu(impl, query.device)
     if impl == "triton" and query.dtype == torch.float64:
         raise InvalidArgumentError(
             "impl='triton' takes float16, bfloat16 or float32, not float64; use impl='torch'"
@@ -977,18 +980,6 @@ def _by_pass(gathered: torch.Tensor, passes: int) -> torch.Tensor:
     return by_kv.expand(c, kv, passes, cb, bs, d).reshape(c, kv * passes, cb, bs, d)
 
 
-def _by_block_and_pass(gathered: torch.Tensor, passes: int) -> torch.Tensor:
-    """[C, chunk_blocks, block_size, kv_heads, head_dim] as [C, chunk_blocks, kv_heads * passes, block_size, head_dim].
-
-    ``_by_pass`` with the block before the head: a loop over this order reads each block
-    whole before the next, a KV head's rows after another's, which in a head-major pool is
-    the block's memory front to back.
-    """
-    c, cb, bs, kv, d = gathered.shape
-    by_kv = gathered.permute(0, 1, 3, 2, 4)[:, :, :, None]
-    return by_kv.expand(c, cb, kv, passes, bs, d).reshape(c, cb, kv * passes, bs, d)
-
-
 def _chunked_decode_graph(
     query, scale, key_cache, value_cache, chunk_table, chunk_seq, chunk_valid, seq_chunks, used
 ):
@@ -1020,7 +1011,7 @@ def _chunked_decode_graph(
     0.94-0.97x SDPA against 1.18-1.21x for one reduction over all 32 heads, which loads
     each row 4 times).
 
-    The scores' loop nest runs chunk, block, pass, token (``_by_block_and_pass``): in a
+    The scores' loop nest runs chunk, block, pass, token (the keys' view transposed): in a
     head-major pool that reads each block's keys front to back, one KV head's rows after
     another, where chunk, pass, block, token (the values' order) jumps between the chunk's
     blocks for every head. At 8 x 512 tokens, 8 KV heads, on a 2-core AMD EPYC with the
@@ -1035,7 +1026,7 @@ def _chunked_decode_graph(
     members = _members_per_pass(group)
     # keys [C, chunk_blocks, kv_heads * passes, block_size, head_dim], values [C, kv_heads * passes,
     # chunk_blocks, block_size, head_dim]: views, never materialised
-    keys = _by_block_and_pass(key_cache[chunk_table].float(), group // members)
+    keys = _by_pass(key_cache[chunk_table].float(), group // members).transpose(1, 2)
     values = _by_pass(value_cache[chunk_table].float(), group // members)
     chunk_query = query[chunk_seq].float().reshape(num_chunks, -1, members, query.shape[3])
     position = torch.arange(chunk_blocks * block_size, device=query.device).view(
@@ -1547,30 +1538,26 @@ def _check_unwritten_values(value_cache, block_tables, seq_lens, shape: PagedSha
         )
 
 
-def flex_views_refusal(key_cache: torch.Tensor, value_cache: torch.Tensor) -> str | None:
-    """Why FlexAttention cannot read these caches as one run of tokens per KV head, or None if it can."""
-    layouts = {name: pool_layout(c) for name, c in (("key_cache", key_cache), ("value_cache", value_cache))}
-    if all(layout == "token-major" for layout in layouts.values()):
-        return None
-    named = ", ".join(f"{name} is {layout}" for name, layout in layouts.items())
-    return (
-        f"impl='flex' reads the pool as one run of tokens per KV head, which needs token-major caches ({named}): "
-        "make the pool token-major (layer_pool(..., layout='token-major'), KVPool(..., layout='token-major'), "
-        "or key_cache.contiguous() and value_cache.contiguous()), or use impl='torch'"
-    )
+def flex_views(key_cache: torch.Tensor, value_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The caches as FlexAttention reads them, [1, num_kv_heads, num_blocks * block_size, head_dim] views.
 
-
-def _flex_views(key_cache: torch.Tensor, value_cache: torch.Tensor, shape: PagedShape):
-    """The caches as [1, num_kv_heads, num_blocks * block_size, head_dim] views, or kvlab's refusal."""
-    tokens = shape.num_blocks * shape.block_size
+    That is one run of tokens per KV head, which a token-major pool (or a slice of one) allows
+    and a head-major one does not: refused with kvlab's error, naming each cache's layout.
+    """
+    num_blocks, block_size, num_kv_heads, head_dim = key_cache.shape
     try:
-        k = key_cache.view(1, tokens, shape.num_kv_heads, shape.head_dim).transpose(1, 2)
-        v = value_cache.view(1, tokens, shape.num_kv_heads, shape.head_dim).transpose(1, 2)
+        return tuple(  # type: ignore[return-value]
+            c.view(1, num_blocks * block_size, num_kv_heads, head_dim).transpose(1, 2)
+            for c in (key_cache, value_cache)
+        )
     except RuntimeError:
+        named = f"key_cache is {pool_layout(key_cache)}, value_cache is {pool_layout(value_cache)}"
         raise InvalidArgumentError(
-            flex_views_refusal(key_cache, value_cache) or "impl='flex' cannot view these caches"
+            f"impl='flex' reads the pool as one run of tokens per KV head, which needs token-major caches "
+            f"({named}): make the pool token-major (layer_pool(..., layout='token-major'), "
+            "KVPool(..., layout='token-major'), or key_cache.contiguous() and value_cache.contiguous()), "
+            "or use impl='torch'"
         ) from None
-    return k, v
 
 
 def flex_decode(
@@ -1583,7 +1570,7 @@ def flex_decode(
     """
     if not flex_available():
         raise InvalidArgumentError("impl='flex' needs torch >= 2.5 (FlexAttention); use impl='torch'")
-    k, v = _flex_views(key_cache, value_cache, shape)  # refused before the block mask is built
+    k, v = flex_views(key_cache, value_cache)  # refused before the block mask is built
     mask = _flex_block_mask(block_tables, seq_lens, shape)
     if compiled is None:
         compiled = flex_mode(query.dtype, shape.block_size) == "compiled"

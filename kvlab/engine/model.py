@@ -30,14 +30,14 @@ from dataclasses import dataclass
 
 import torch
 
-from kvlab.engine import attention
 from kvlab.engine.attention import (
     DECODE_IMPLS,
     PREFILL_IMPLS,
-    flex_views_refusal,
+    flex_views,
     paged_prefill,
     plan_decode,
     pool_tensors,
+    refuse_triton_off_gpu,
     write_kv_cache,
 )
 from kvlab.engine.attention import slot_mapping as compute_slots
@@ -180,12 +180,9 @@ def _decode_impl(impl: object, pool: KVPool) -> str:
     """``impl`` checked against the pool before a decode writes anything, so a refused step changes no slot."""
     impl = check_choice("impl", impl, DECODE_IMPLS)
     keys, values = pool.layer(0)
-    if impl == "flex" and (why := flex_views_refusal(keys, values)) is not None:
-        raise InvalidArgumentError(why)
-    if impl == "triton" and keys.device.type != "cuda" and not attention._triton_interpreted():
-        raise InvalidArgumentError(
-            "impl='triton' runs on a GPU: make the pool on a CUDA device, or use impl='torch'"
-        )
+    refuse_triton_off_gpu(impl, keys.device)
+    if impl == "flex":
+        flex_views(keys, values)
     return impl
 
 

@@ -40,6 +40,17 @@ SMALL = {
 }
 
 
+@pytest.fixture
+def tiny():
+    """The tiny model's config, the model, and a three-block table (a 29-token prompt and a few steps)."""
+    config = ModelConfig(**SMALL)
+    return (
+        config,
+        TinyTransformer(config, output_ids=list(range(8))),
+        torch.tensor([2, 0, 3], dtype=torch.int32),
+    )
+
+
 def test_layer_pool_lays_out_each_block_by_kv_head_on_the_cpu():
     """Same shape in both layouts; head-major puts a KV head's block_size rows in one run of memory."""
     keys, values = layer_pool(5, 16, 4, 8)
@@ -215,11 +226,9 @@ def test_prefill_reads_and_writes_either_layout_alike(impl):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
 
 
-def test_the_tiny_model_gives_the_same_logits_from_either_pool():
+def test_the_tiny_model_gives_the_same_logits_from_either_pool(tiny):
     """A prefill then three decode steps, one pool of each layout: the same logits, and flex runs on token-major."""
-    config = ModelConfig(**SMALL)
-    model = TinyTransformer(config, output_ids=list(range(8)))
-    table = torch.tensor([2, 0, 3], dtype=torch.int32)
+    config, model, table = tiny
     logits = {}
     for layout in ("token-major", "head-major"):
         pool = KVPool(config, num_blocks=4, block_size=16, layout=layout)
@@ -254,12 +263,10 @@ def test_pool_layout_names_what_layer_pool_made(blocks, block_size, kv_heads, la
 
 
 @pytest.mark.parametrize("impl", ["flex", "bogus", 5, None])
-def test_a_refused_decode_step_writes_no_slot(impl):
+def test_a_refused_decode_step_writes_no_slot(impl, tiny):
     """The tiny model checks impl against the pool before layer 0 writes its key and value."""
-    config = ModelConfig(**SMALL)
-    model = TinyTransformer(config, output_ids=list(range(8)))
+    config, model, table = tiny
     pool = KVPool(config, num_blocks=4, block_size=16)  # head-major: flex cannot read it
-    table = torch.tensor([2, 0, 3], dtype=torch.int32)
     model.prefill(list(range(1, 30)), 0, pool, table)
     keys, values = pool.keys.clone(), pool.values.clone()
     with pytest.raises(InvalidArgumentError, match="impl") as refused:
@@ -272,11 +279,9 @@ def test_a_refused_decode_step_writes_no_slot(impl):
 
 
 @pytest.mark.parametrize("impl", ["bogus", 5, None])
-def test_prefill_refuses_an_unknown_impl_before_writing(impl):
-    config = ModelConfig(**SMALL)
-    model = TinyTransformer(config, output_ids=list(range(8)))
+def test_prefill_refuses_an_unknown_impl_before_writing(impl, tiny):
+    config, model, table = tiny
     pool = KVPool(config, num_blocks=4, block_size=16)
-    table = torch.tensor([2, 0, 3], dtype=torch.int32)
     with pytest.raises(InvalidArgumentError, match="impl"):
         model.prefill(list(range(1, 30)), 0, pool, table, impl=impl)
     with pytest.raises(InvalidArgumentError, match="impl"):
@@ -284,10 +289,8 @@ def test_prefill_refuses_an_unknown_impl_before_writing(impl):
     assert not pool.keys.any() and not pool.values.any()
 
 
-def test_flex_on_a_token_major_pool_in_the_tiny_model_matches_torch():
-    config = ModelConfig(**SMALL)
-    model = TinyTransformer(config, output_ids=list(range(8)))
-    table = torch.tensor([2, 0, 3], dtype=torch.int32)
+def test_flex_on_a_token_major_pool_in_the_tiny_model_matches_torch(tiny):
+    config, model, table = tiny
     logits = {}
     for impl in ("torch", "flex"):
         pool = KVPool(config, num_blocks=4, block_size=16, layout="token-major")
