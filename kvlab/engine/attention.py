@@ -92,6 +92,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvlab.engine.memory import keep_freed_memory
 from kvlab.errors import LIMITS, InvalidArgumentError, brief, cdiv, check_choice, check_int, check_size
 
 try:
@@ -1121,6 +1122,7 @@ def compiled_decode(
         if not compile_available():
             COMPILED.failure = "torch.compile needs inductor and a C++ compiler (g++ or clang++)"
             return None
+        keep_freed_memory()  # every call's scratch is reused, not page-faulted in again (kvlab.engine.memory)
         COMPILED.fn = torch.compile(_chunked_decode_graph, fullgraph=True, options=COMPILE_OPTIONS)
     chunk_blocks = _chunk_blocks(shape, key_cache.element_size())
     chunks = (
