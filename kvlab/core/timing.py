@@ -12,7 +12,8 @@ comes from here, so it is always the same recipe:
 ``measure_side_by_side`` times several functions in interleaved rounds (each
 once per round, in a seeded shuffled order), so a burst of load on the machine
 falls on all of them alike and their ratio stays honest, and no function always
-runs in the caches one neighbour left. ``Timing.clearly_faster_than`` is the test
+runs in the caches one neighbour left; ``Timing.ratio_by_round`` reads two such
+Timings round by round. ``Timing.clearly_faster_than`` is the test
 a notebook sentence such as "the cached turn is faster" must pass: the slower
 one's first quartile above the faster one's third quartile.
 
@@ -129,6 +130,28 @@ class Timing:
         low = self.q1_ms / other.q3_ms if other.q3_ms > 0 else math.inf
         high = self.q3_ms / other.q1_ms if other.q1_ms > 0 else math.inf
         return low, high
+
+    def ratio_by_round(self, other: Timing) -> tuple[float, float, float]:
+        """The first quartile, median and third quartile of this sample over ``other``'s, round by round.
+
+        For two Timings from one ``measure_side_by_side``: sample i of each ran in the same
+        round, back to back, so a burst of load on the machine that slows one slows the
+        other and cancels in their ratio, where ``ratio_spread`` (each spread at its worst)
+        counts it twice. A claim "A is at most N times B in most rounds" holds when N is at
+        least the third value.
+        """
+        if not isinstance(other, Timing):
+            raise InvalidArgumentError(f"ratio_by_round needs a Timing, got {brief(other)}")
+        if other.repeats != self.repeats:
+            raise InvalidArgumentError(
+                f"ratio_by_round pairs sample i of one with sample i of the other, so both need as many; "
+                f"got {self.repeats} and {other.repeats} (time them in one measure_side_by_side)"
+            )
+        ratios = tuple(
+            a / b if b > 0 else (1.0 if a == 0 else math.inf)
+            for a, b in zip(self.wall_ms, other.wall_ms, strict=True)
+        )
+        return _quartiles(ratios)
 
     def clearly_faster_than(self, other: Timing) -> bool:
         """True when the spreads do not overlap: this one's third quartile below ``other``'s first."""

@@ -173,6 +173,8 @@ class KVPool:
         )
 
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``i``'s key and value tensors (0 .. num_layers - 1; no counting from the end)."""
+        i = check_int("layer", i, minimum=0, maximum=self.keys.shape[0] - 1)
         return self.keys[i], self.values[i]
 
 

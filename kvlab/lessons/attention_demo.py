@@ -459,25 +459,29 @@ CPU_GOAL = 1.2
 
 
 def goal_line(paged: Timing, sdpa: Timing, name: str, goal: float = CPU_GOAL) -> str:
-    """Whether ``paged / sdpa`` met the goal in this run, decided from the ratio's spread across the IQRs."""
+    """Whether ``paged / sdpa`` met the goal in this run, decided from the ratio round by round.
+
+    The two were timed in the same rounds (``measure_side_by_side``), so each round's ratio
+    has the machine's load of that moment on both sides (``Timing.ratio_by_round``).
+    """
     if not isinstance(paged, Timing) or not isinstance(sdpa, Timing):
         raise InvalidArgumentError("goal_line needs two Timings: the paged kernel's and SDPA's")
     name = check_text("name", name, allow_empty=False)
     if isinstance(goal, bool) or not isinstance(goal, (int, float)) or not 1 <= goal <= 100:
         raise InvalidArgumentError(f"goal must be a ratio from 1 to 100, got {brief(goal)}")
-    low, high = paged.ratio_spread(sdpa)
+    low, _, high = paged.ratio_by_round(sdpa)
     verdict = goal_verdict(low, high, goal)
     if verdict == "met":
-        why = f"even the highest ratio across the IQRs, {high:.2f}x, is at most {goal}x"
+        why = f"in three rounds of four or more the ratio was at most {high:.2f}x, under {goal}x"
     elif verdict == "not met":
-        why = f"even the lowest ratio across the IQRs, {low:.2f}x, is above {goal}x"
+        why = f"in three rounds of four or more the ratio was above {low:.2f}x, over {goal}x"
     else:
-        why = f"the ratio's spread, {low:.2f}x to {high:.2f}x, straddles {goal}x"
+        why = f"the middle half of the rounds' ratios, {low:.2f}x to {high:.2f}x, straddles {goal}x"
     return f"kvlab's goal for {name}, at most {goal}x SDPA: {verdict} in this run ({why})"
 
 
 def goal_verdict(low: float, high: float, goal: float = CPU_GOAL) -> str:
-    """A ratio's spread across the IQRs against a goal: "met" (all of it at most the goal), "not met" (all above), else "undecided"."""
+    """A ratio's quartiles over the rounds against a goal: "met" (the third at most the goal), "not met" (the first above), else "undecided"."""
     if high <= goal:
         return "met"
     if low > goal:
@@ -512,7 +516,11 @@ def _scattering_line(shuffled: Timing, ordered: Timing, sdpa: Timing) -> str:
 
 def _ratio(a: Timing, b: Timing) -> str:
     low, high = a.ratio_spread(b)
-    return f"{a.ratio_to(b):.2f}x ({low:.2f}x to {high:.2f}x across the IQRs)"
+    by_low, _, by_high = a.ratio_by_round(b)
+    return (
+        f"{a.ratio_to(b):.2f}x ({low:.2f}x to {high:.2f}x across the IQRs; "
+        f"the middle half of the rounds {by_low:.2f}x to {by_high:.2f}x)"
+    )
 
 
 def decode_against_sdpa(

@@ -58,6 +58,27 @@ def test_ratios_and_their_spread():
     assert zero.ratio_to(zero) == 1 and fast.ratio_to(zero) == math.inf
 
 
+def test_ratio_by_round_cancels_load_that_falls_on_both_calls_of_a_round():
+    """Rounds 2 and 4 ran under load that slowed both calls alike: round by round the ratio stays 1.1."""
+    paged, sdpa = timing(1.1, 2.2, 1.1, 3.3, 1.1), timing(1, 2, 1, 3, 1)
+    assert paged.ratio_by_round(sdpa) == pytest.approx((1.1, 1.1, 1.1))
+    low, high = paged.ratio_spread(sdpa)
+    assert low < 1 and high > 2  # each spread at its worst: the load counted twice
+    assert timing(0, 2, 3).ratio_by_round(timing(0, 1, 1)) == (1.5, 2.0, 2.5)  # ratios 1 (0 / 0), 2, 3
+    assert timing(1, 1).ratio_by_round(timing(0, 1))[2] == math.inf
+
+
+@pytest.mark.parametrize("other", [None, 1.0, "x"])
+def test_ratio_by_round_refuses_what_is_not_a_timing(other):
+    with pytest.raises(InvalidArgumentError, match="needs a Timing"):
+        timing(1, 2).ratio_by_round(other)
+
+
+def test_ratio_by_round_refuses_timings_of_different_lengths():
+    with pytest.raises(InvalidArgumentError, match="measure_side_by_side"):
+        timing(1, 2, 3).ratio_by_round(timing(1, 2))
+
+
 def test_samples_are_stored_as_floats_and_lists_are_accepted():
     t = Timing([1, 2], [0, 1])
     assert t.wall_ms == (1.0, 2.0) and t.cpu_ms == (0.0, 1.0)

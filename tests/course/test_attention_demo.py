@@ -153,12 +153,16 @@ def test_sweep_conclusion_follows_every_verdict():
     )
 
 
-def test_goal_line_is_decided_from_the_spread():
+def test_goal_line_is_decided_round_by_round():
     sdpa = Timing((1.0, 1.0, 1.0, 1.0), (1.0,) * 4)
     assert "met in this run" in demo.goal_line(Timing((1.1,) * 4, (1.1,) * 4), sdpa, "paged torch")
     assert "not met in this run" in demo.goal_line(Timing((1.3,) * 4, (1.3,) * 4), sdpa, "paged torch")
     straddle = Timing((1.0, 1.1, 1.3, 1.4), (1.0,) * 4)
     assert "undecided in this run" in demo.goal_line(straddle, sdpa, "paged torch")
+    loaded = Timing((1.1, 2.2, 1.1, 3.3), (1.0,) * 4)  # rounds 2 and 4 slowed both calls alike
+    assert "met in this run" in demo.goal_line(
+        loaded, Timing((1.0, 2.0, 1.0, 3.0), (1.0,) * 4), "paged torch"
+    )
 
 
 def test_requests_per_step_counts_the_schedulers_batches(one_thread):

@@ -91,6 +91,12 @@ def test_one_kv_head_or_one_token_a_block_is_token_major_either_way():
         (lambda: layer_pool(10**6, 16, 32, 128), "LIMITS.memory_mib"),
         (lambda: KVPool(ModelConfig(**SMALL), 4, 16, layout="HND"), "layout"),
         (lambda: KVPool(ModelConfig(**SMALL), 4, 16, device="meta"), "device"),
+        (lambda: KVPool(ModelConfig(**SMALL), 4, 16).layer(-1), "layer must be at least 0"),
+        (
+            lambda: KVPool(ModelConfig(**SMALL), 4, 16).layer(ModelConfig(**SMALL).num_layers),
+            "layer must be at most",
+        ),
+        (lambda: KVPool(ModelConfig(**SMALL), 4, 16).layer(0.0), "layer"),
     ],
 )
 def test_pools_refuse_bad_sizes_dtypes_layouts_and_devices(call, needle):
