@@ -358,14 +358,22 @@ def pool_tensors(
     layout = check_choice("layout", layout, ("auto", *POOL_LAYOUTS))
     if layout == "auto":
         layout = "head-major" if where.type == "cpu" else "token-major"
-    if layout == "token-major":
-        shape = (*lead, num_blocks, block_size, num_kv_heads, head_dim)
-        return tuple(torch.zeros(shape, dtype=dtype, device=where) for _ in "kv")  # type: ignore[return-value]
-    shape = (*lead, num_blocks, num_kv_heads, block_size, head_dim)
+    token_major = layout == "token-major"
+    shape = (*lead, num_blocks, *((block_size, num_kv_heads) if token_major else (num_kv_heads, block_size)))
+    shape += (head_dim,)
+    try:
+        pair = tuple(torch.zeros(shape, dtype=dtype, device=where) for _ in "kv")
+    except (RuntimeError, MemoryError) as err:  # a limit raised past what the machine has (raised_limits)
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        layers = f"{lead[0]:,} layers x " if lead else ""
+        raise InvalidArgumentError(
+            f"the pool's keys and values ({layers}{num_blocks:,} blocks of {block_size} "
+            f"tokens) could not be allocated on {where}: {brief(first, 200)}; use fewer or smaller blocks"
+        ) from None
+    if token_major:
+        return pair  # type: ignore[return-value]
     heads = len(lead) + 1
-    return tuple(  # type: ignore[return-value]
-        torch.zeros(shape, dtype=dtype, device=where).transpose(heads, heads + 1) for _ in "kv"
-    )
+    return tuple(t.transpose(heads, heads + 1) for t in pair)  # type: ignore[return-value]
 
 
 def _check_table_tensors(

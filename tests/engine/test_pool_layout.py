@@ -119,6 +119,18 @@ def test_the_memory_bound_is_checked_before_anything_is_allocated_and_can_be_rai
     assert keys.shape == (2, 16, 8, 64)
 
 
+def test_a_pool_larger_than_the_machine_is_refused_with_kvlabs_error():
+    """Past a raised limit, torch's own allocation failure comes back as kvlab's error with the way out.
+
+    2 x 1 PiB is beyond any address space, so malloc refuses at once (nothing is zeroed or paged in).
+    """
+    with (
+        raised_limits(memory_mib=2**32, num_blocks=2**35),
+        pytest.raises(InvalidArgumentError, match=r"could not be allocated on cpu.*fewer or smaller blocks"),
+    ):
+        layer_pool(2**34, 16, 8, 128)
+
+
 class _Layout(str):
     def __eq__(self, other):
         return True
