@@ -28,24 +28,36 @@ from __future__ import annotations
 
 import math
 import random
-import statistics
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from kvlab.errors import InvalidArgumentError, brief, check_int
+from kvlab.errors import InvalidArgumentError, brief, check_choice, check_int
 
 MAX_REPEATS = 100_000
+MAX_MS = 1e12  # a sample's bound: about 31 years, past any timing, far below where sums overflow
 ORDER_SEED = 0  # measure_side_by_side's shuffles of each round, the same every run
 
 
 def _quartiles(values: tuple[float, ...]) -> tuple[float, float, float]:
-    if len(values) == 1:
-        return values[0], values[0], values[0]
-    q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
-    return q1, q2, q3
+    """The first quartile, median and third quartile, interpolated as ``statistics.quantiles`` does
+    (``method="inclusive"``), but as ``low + (high - low) * fraction``: equal neighbours give
+    themselves even when they are infinite (a ratio over a zero time) or near the float maximum."""
+    data = sorted(values)
+    last = len(data) - 1
+
+    def at(fraction: float) -> float:
+        position = last * fraction
+        i = int(position)
+        low = data[i]
+        if i == last or position == i:
+            return low
+        high = data[i + 1]
+        return low if high == low else low + (high - low) * (position - i)
+
+    return at(0.25), at(0.5), at(0.75)
 
 
 def _check_samples(name: str, values: object) -> tuple[float, ...]:
@@ -57,10 +69,25 @@ def _check_samples(name: str, values: object) -> tuple[float, ...]:
         raise InvalidArgumentError(f"{name} must hold 1 to {MAX_REPEATS:,} samples, got {count}")
     out = []
     for v in base.__iter__(values):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-            raise InvalidArgumentError(f"{name} must hold finite times of at least 0 ms, got {brief(v)}")
-        out.append(float(v))
+        ms = _plain_ms(v)
+        if ms is None or not (0 <= ms <= MAX_MS):
+            raise InvalidArgumentError(
+                f"{name} must hold finite times from 0 to {MAX_MS:.0e} ms, got {brief(v)}"
+            )
+        out.append(ms)
     return tuple(out)
+
+
+def _plain_ms(value: object) -> float | None:
+    """A sample's own value as a plain float, never calling its class's code (a subclass may lie); None if not a number."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float):
+        return float.__float__(value)
+    if isinstance(value, int):
+        number = int.__int__(value)
+        return float(number) if abs(number) <= MAX_MS else math.inf
+    return None
 
 
 @dataclass(frozen=True)
@@ -131,25 +158,29 @@ class Timing:
         high = self.q3_ms / other.q1_ms if other.q1_ms > 0 else math.inf
         return low, high
 
-    def ratio_by_round(self, other: Timing) -> tuple[float, float, float]:
+    def ratio_by_round(self, other: Timing, clock: str = "wall") -> tuple[float, float, float]:
         """The first quartile, median and third quartile of this sample over ``other``'s, round by round.
 
         For two Timings from one ``measure_side_by_side``: sample i of each ran in the same
         round, back to back, so a burst of load on the machine that slows one slows the
         other and cancels in their ratio, where ``ratio_spread`` (each spread at its worst)
         counts it twice. A claim "A is at most N times B in most rounds" holds when N is at
-        least the third value.
+        least the third value. ``clock`` is "wall" (wall_ms) or "cpu" (cpu_ms, this process's CPU
+        time, which another process holding the core does not inflate).
         """
         if not isinstance(other, Timing):
             raise InvalidArgumentError(f"ratio_by_round needs a Timing, got {brief(other)}")
-        if other.repeats != self.repeats:
+        field = check_choice("clock", clock, ("wall", "cpu")) + "_ms"
+        # the samples read again, not trusted: a subclass may skip the checks or change them after
+        mine = _check_samples(f"this Timing's {field}", object.__getattribute__(self, field))
+        theirs = _check_samples(f"the other Timing's {field}", object.__getattribute__(other, field))
+        if len(theirs) != len(mine):
             raise InvalidArgumentError(
                 f"ratio_by_round pairs sample i of one with sample i of the other, so both need as many; "
-                f"got {self.repeats} and {other.repeats} (time them in one measure_side_by_side)"
+                f"got {len(mine)} and {len(theirs)} (time them in one measure_side_by_side)"
             )
         ratios = tuple(
-            a / b if b > 0 else (1.0 if a == 0 else math.inf)
-            for a, b in zip(self.wall_ms, other.wall_ms, strict=True)
+            a / b if b > 0 else (1.0 if a == 0 else math.inf) for a, b in zip(mine, theirs, strict=True)
         )
         return _quartiles(ratios)
 

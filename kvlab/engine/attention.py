@@ -300,22 +300,13 @@ def layer_pool(
     FlexAttention (``impl="flex"``) reads a KV head's tokens as one run over the whole pool,
     so it needs a token-major pool.
     """
-    nb = check_size("num_blocks", num_blocks, "num_blocks", minimum=1)
-    bs = check_size("block_size", block_size, "block_size", minimum=1)
-    kv = check_int("num_kv_heads", num_kv_heads, minimum=1)
-    d = check_int("head_dim", head_dim, minimum=1)
-    if not isinstance(dtype, torch.dtype) or dtype not in FLOAT_DTYPES:
-        raise InvalidArgumentError(
-            f"dtype must be torch.float16, torch.bfloat16, torch.float32 or torch.float64, got {brief(dtype)}"
-        )
-    size = 2 * nb * bs * kv * d * torch.empty((), dtype=dtype).element_size()  # exact: ints of any size
-    if size > LIMITS.memory_mib * 2**20:
-        raise InvalidArgumentError(
-            f"a pool of {nb:,} blocks x {bs} tokens x {kv:,} KV heads x {d:,} would take {size >> 20:,} MiB "
-            f"for keys and values, more than {LIMITS.memory_mib:,} (kvlab's limit LIMITS.memory_mib); use "
-            "fewer blocks, or kvlab.errors.raised_limits(memory_mib=...) for a deliberately larger pool"
-        )
-    return pool_tensors((), nb, bs, kv, d, dtype=dtype, device=device, layout=layout)
+    return pool_tensors(
+        (), num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype, device=device, layout=layout
+    )
+
+
+MAX_POOL_DIM = 1 << 16
+"""Most KV heads, and most numbers per head, a pool may have (the largest models use 8 to 128 and 64 to 256)."""
 
 
 def pool_device(device: object) -> torch.device:
@@ -348,26 +339,54 @@ def pool_tensors(
     dtype: torch.dtype,
     device: object,
     layout: object,
+    max_mib: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Zeroed keys and values of shape ``lead + [num_blocks, block_size, num_kv_heads, head_dim]`` in ``layout``.
 
-    The sizes are the caller's, already checked; the device and layout are checked here, before
-    anything is allocated.
+    ``lead`` is ``()`` for one layer or ``(num_layers,)`` for a model's. Every argument is
+    checked here, before anything is allocated, and the two tensors together may take at most
+    ``max_mib`` MiB (by default ``LIMITS.memory_mib``; the tiny engine's ``KVPool`` passes its own
+    ``MAX_MIB``), counted from the sizes themselves.
     """
+    if type(lead) is not tuple or len(lead) > 1:
+        raise InvalidArgumentError(
+            f"lead must be () for one layer or (num_layers,) for a model's pool, got {brief(lead)}"
+        )
+    lead = tuple(check_int("num_layers", n, minimum=1, maximum=1 << 16) for n in lead)
+    nb = check_size("num_blocks", num_blocks, "num_blocks", minimum=1)
+    bs = check_size("block_size", block_size, "block_size", minimum=1)
+    kv = check_int("num_kv_heads", num_kv_heads, minimum=1, maximum=MAX_POOL_DIM)
+    d = check_int("head_dim", head_dim, minimum=1, maximum=MAX_POOL_DIM)
+    if not isinstance(dtype, torch.dtype) or dtype not in FLOAT_DTYPES:
+        raise InvalidArgumentError(
+            f"dtype must be torch.float16, torch.bfloat16, torch.float32 or torch.float64, got {brief(dtype)}"
+        )
+    if max_mib is None:
+        cap, named = LIMITS.memory_mib, "kvlab's limit LIMITS.memory_mib"
+        way = "kvlab.errors.raised_limits(memory_mib=...) for a deliberately larger pool"
+    else:
+        cap, named, way = check_int("max_mib", max_mib, minimum=1), "the bound max_mib", "a larger max_mib"
+    layers = lead[0] if lead else 1
+    size = 2 * layers * nb * bs * kv * d * dtype.itemsize  # exact: ints of any size
+    if size > cap * 2**20:
+        across = f"{layers:,} layers x " if lead else ""
+        raise InvalidArgumentError(
+            f"a pool of {across}{nb:,} blocks x {bs} tokens x {kv:,} KV heads x {d:,} would take "
+            f"{size >> 20:,} MiB for keys and values, more than {cap:,} ({named}); use fewer blocks, or {way}"
+        )
     where = pool_device(device)
     layout = check_choice("layout", layout, ("auto", *POOL_LAYOUTS))
     if layout == "auto":
         layout = "head-major" if where.type == "cpu" else "token-major"
     token_major = layout == "token-major"
-    shape = (*lead, num_blocks, *((block_size, num_kv_heads) if token_major else (num_kv_heads, block_size)))
-    shape += (head_dim,)
+    shape = (*lead, nb, *((bs, kv) if token_major else (kv, bs)), d)
     try:
         pair = tuple(torch.zeros(shape, dtype=dtype, device=where) for _ in "kv")
-    except (RuntimeError, MemoryError) as err:  # a limit raised past what the machine has (raised_limits)
+    except (RuntimeError, MemoryError, OverflowError, TypeError) as err:  # a limit raised past the machine
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         layers = f"{lead[0]:,} layers x " if lead else ""
         raise InvalidArgumentError(
-            f"the pool's keys and values ({layers}{num_blocks:,} blocks of {block_size} "
+            f"the pool's keys and values ({layers}{nb:,} blocks of {bs} "
             f"tokens) could not be allocated on {where}: {brief(first, 200)}; use fewer or smaller blocks"
         ) from None
     if token_major:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+import re
 from dataclasses import dataclass
 
 # glibc's mallopt parameters (malloc.h)
@@ -42,7 +43,18 @@ TRIM_THRESHOLD_BYTES = 256 << 20
 
 # the user's own malloc settings, which are left as they are
 _USER_MALLOC_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
-_OTHER_ALLOCATORS = ("tcmalloc", "jemalloc", "mimalloc")
+# allocators a user preloads in place of glibc's malloc, matched by the library's file name
+_OTHER_ALLOCATORS = (
+    "tcmalloc",
+    "jemalloc",
+    "mimalloc",
+    "hoard",
+    "snmalloc",
+    "rpmalloc",
+    "tbbmalloc",
+    "scalloc",
+)
+_ALLOCATOR_FILE = re.compile(rf"^(?:lib)?({'|'.join(_OTHER_ALLOCATORS)})(?:[_.\-]|$)")
 
 
 @dataclass
@@ -59,8 +71,9 @@ FREED_MEMORY = FreedMemory()
 
 def _user_choice() -> str | None:
     """Why the user's own allocator settings stand, if they made any."""
-    preload = os.environ.get("LD_PRELOAD", "")
-    other = next((name for name in _OTHER_ALLOCATORS if name in preload), None)
+    preload = os.environ.get("LD_PRELOAD", "")  # paths separated by spaces or colons (ld.so(8))
+    files = (os.path.basename(path) for path in re.split(r"[\s:]+", preload) if path)
+    other = next((m.group(1) for m in map(_ALLOCATOR_FILE.match, files) if m), None)
     if other is not None:
         return f"{other} is preloaded (LD_PRELOAD)"
     named = [name for name in _USER_MALLOC_VARIABLES if name in os.environ]
@@ -77,7 +90,6 @@ def keep_freed_memory() -> FreedMemory:
     """
     if FREED_MEMORY.asked:
         return FREED_MEMORY
-    FREED_MEMORY.asked = True
     libc_name, _ = platform.libc_ver()
     choice = _user_choice()
     if platform.system() != "Linux" or libc_name != "glibc":
@@ -96,4 +108,5 @@ def keep_freed_memory() -> FreedMemory:
             if done
             else "glibc refused mallopt"
         )
+    FREED_MEMORY.asked = True  # last: a call that raised has changed nothing and may be made again
     return FREED_MEMORY

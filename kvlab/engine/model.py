@@ -170,6 +170,7 @@ class KVPool:
             dtype=c.torch_dtype,
             device=device,
             layout=layout,
+            max_mib=MAX_MIB,  # counted again from the sizes: a config's own figure is not trusted
         )
 
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -14,6 +14,7 @@ of clock (``clock_for``), which would otherwise be imported back and forth betwe
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -467,8 +468,7 @@ def goal_line(paged: Timing, sdpa: Timing, name: str, goal: float = CPU_GOAL) ->
     if not isinstance(paged, Timing) or not isinstance(sdpa, Timing):
         raise InvalidArgumentError("goal_line needs two Timings: the paged kernel's and SDPA's")
     name = check_text("name", name, allow_empty=False)
-    if isinstance(goal, bool) or not isinstance(goal, (int, float)) or not 1 <= goal <= 100:
-        raise InvalidArgumentError(f"goal must be a ratio from 1 to 100, got {brief(goal)}")
+    goal = _check_goal(goal)
     low, _, high = paged.ratio_by_round(sdpa)
     verdict = goal_verdict(low, high, goal)
     if verdict == "met":
@@ -482,11 +482,42 @@ def goal_line(paged: Timing, sdpa: Timing, name: str, goal: float = CPU_GOAL) ->
 
 def goal_verdict(low: float, high: float, goal: float = CPU_GOAL) -> str:
     """A ratio's quartiles over the rounds against a goal: "met" (the third at most the goal), "not met" (the first above), else "undecided"."""
+    goal = _check_goal(goal)
+    low, high = _plain_ratio("low", low), _plain_ratio("high", high)
+    if low > high:
+        raise InvalidArgumentError(
+            f"low ({low:g}) must be at most high ({high:g}): pass the first quartile, then the third"
+        )
     if high <= goal:
         return "met"
     if low > goal:
         return "not met"
     return "undecided"
+
+
+def _plain_ratio(name: str, value: object) -> float:
+    """A ratio as a plain float (0 to infinity: a time over a zero time), read without the value's own code."""
+    if isinstance(value, float):
+        number = float.__float__(value)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        number = float(int.__int__(value)) if abs(int.__int__(value)) < 2**1000 else math.inf
+    else:
+        raise InvalidArgumentError(f"{name} must be a ratio (a number of at least 0), got {brief(value)}")
+    if not number >= 0:  # NaN too
+        raise InvalidArgumentError(f"{name} must be a ratio of at least 0, got {number!r}")
+    return number
+
+
+def _check_goal(goal: object) -> float:
+    """The goal as a plain float from 1 to 100: a subclass's comparisons and formatting are never called."""
+    number = None
+    if isinstance(goal, float):
+        number = float.__float__(goal)
+    elif isinstance(goal, int) and not isinstance(goal, bool):
+        number = float(int.__int__(goal)) if abs(int.__int__(goal)) <= 100 else math.inf
+    if number is None or not 1 <= number <= 100:  # NaN too
+        raise InvalidArgumentError(f"goal must be a ratio from 1 to 100, got {brief(goal)}")
+    return number
 
 
 def _scattering_line(shuffled: Timing, ordered: Timing, sdpa: Timing) -> str:

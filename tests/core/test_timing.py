@@ -134,7 +134,7 @@ def test_an_exception_in_the_timed_function_reaches_the_caller():
         ((1.0, 2.0), (1.0,), "as many"),
         ((float("nan"),), (0.0,), "finite"),
         ((float("inf"),), (0.0,), "finite"),
-        ((-1.0,), (0.0,), "at least 0"),
+        ((-1.0,), (0.0,), "from 0"),
         ((True,), (0.0,), "finite"),
         (("1",), (0.0,), "finite"),
         ("12", "12", "tuple or list"),
@@ -205,3 +205,61 @@ def test_quartiles_are_ordered_and_inside_the_samples(values):
     assert min(values) <= t.q1_ms <= t.median_ms <= t.q3_ms <= max(values)
     assert t.iqr_ms >= 0
     assert not t.clearly_faster_than(t)
+
+
+@FAST
+@given(st.lists(st.floats(min_value=0, max_value=1e6), min_size=2, max_size=50))
+def test_quartiles_are_statistics_inclusive_quartiles(values):
+    import statistics
+
+    t = Timing(tuple(values), tuple(values))
+    expected = statistics.quantiles(values, n=4, method="inclusive")
+    assert [t.q1_ms, t.median_ms, t.q3_ms] == pytest.approx(expected, rel=1e-12, abs=1e-12)
+
+
+def test_a_ratio_over_zero_times_is_infinite_not_nan():
+    """A clock too coarse to see a call gives zeros; the rounds' ratios are then infinite, every quartile."""
+    assert timing(1, 2, 3).ratio_by_round(timing(0, 0, 0)) == (math.inf, math.inf, math.inf)
+    assert timing(0, 0, 0).ratio_by_round(timing(0, 0, 0)) == (1.0, 1.0, 1.0)
+
+
+class _LyingFloat(float):
+    def __float__(self):
+        return math.nan
+
+    def __lt__(self, other):
+        raise RuntimeError("a sample's own comparison ran")
+
+
+class _Unchecked(Timing):
+    def __post_init__(self):  # skips the checks
+        pass
+
+
+class _FewerRepeats(Timing):
+    repeats = property(lambda self: 1)
+
+
+def test_samples_are_read_by_their_value_and_bounded():
+    assert timing(_LyingFloat(1.0), _LyingFloat(2.0)).wall_ms == (1.0, 2.0)
+    for huge in (10**400, 2**1024, 1e13):
+        with pytest.raises(InvalidArgumentError, match="finite times from 0"):
+            Timing((huge,), (1.0,))
+
+
+@pytest.mark.parametrize(
+    "other",
+    [_Unchecked(("a",), ("b",)), _Unchecked(None, None), _FewerRepeats((1.0, 2.0), (1.0, 2.0))],
+)
+def test_ratio_by_round_reads_the_other_timings_samples_again(other):
+    with pytest.raises(InvalidArgumentError, match="wall_ms|as many"):
+        timing(1.0).ratio_by_round(other)
+
+
+def test_ratio_by_round_reads_either_clock_and_refuses_others():
+    slow, fast = Timing((4.0, 8.0), (2.0, 2.0)), Timing((2.0, 2.0), (1.0, 1.0))
+    assert slow.ratio_by_round(fast)[1] == 3.0
+    assert slow.ratio_by_round(fast, clock="cpu") == (2.0, 2.0, 2.0)
+    for clock in ("gpu", None, "cpu_ms"):
+        with pytest.raises(InvalidArgumentError, match="clock"):
+            slow.ratio_by_round(fast, clock=clock)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -11,7 +13,7 @@ torch = pytest.importorskip("torch")
 from hostile import hostile_values  # noqa: E402
 
 from kvlab.core.timing import Timing  # noqa: E402
-from kvlab.errors import KvlabError  # noqa: E402
+from kvlab.errors import InvalidArgumentError, KvlabError  # noqa: E402
 from kvlab.lessons import attention_demo as demo  # noqa: E402
 
 
@@ -163,6 +165,42 @@ def test_goal_line_is_decided_round_by_round():
     assert "met in this run" in demo.goal_line(
         loaded, Timing((1.0, 2.0, 1.0, 3.0), (1.0,) * 4), "paged torch"
     )
+
+
+class _LyingGoal(float):
+    __le__ = __ge__ = lambda self, other: True
+
+    def __format__(self, spec):
+        raise RuntimeError("the goal's own formatting ran")
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("a", "b"), "low must be a ratio"),
+        ((None, None), "low must be a ratio"),
+        ((math.nan, math.nan), "low must be a ratio of at least 0"),
+        ((1.0, 1.1, "1.2"), "goal must be a ratio from 1 to 100"),
+        ((1.0, 1.1, math.nan), "goal must be a ratio from 1 to 100"),
+        ((1.0, 1.1, -5), "goal must be a ratio from 1 to 100"),
+        ((1.0, 1.1, math.inf), "goal must be a ratio from 1 to 100"),
+        ((True, True, True), "goal must be a ratio from 1 to 100"),
+        ((5.0, 1.0), "must be at most high"),
+    ],
+)
+def test_goal_verdict_refuses_what_is_not_two_quartiles_and_a_goal(args, needle):
+    with pytest.raises(InvalidArgumentError, match=needle):
+        demo.goal_verdict(*args)
+
+
+def test_goal_verdict_reads_infinite_quartiles_and_goals_by_value():
+    assert demo.goal_verdict(0.5, math.inf) == "undecided"
+    assert demo.goal_verdict(1.3, math.inf) == "not met"
+    sdpa = Timing((1.0,) * 4, (1.0,) * 4)
+    for lie in (_LyingGoal(1000.0), _LyingGoal(math.nan)):
+        with pytest.raises(InvalidArgumentError, match="goal must be a ratio from 1 to 100"):
+            demo.goal_line(sdpa, sdpa, "paged torch", lie)
+    assert "at most 1.2x SDPA: met" in demo.goal_line(sdpa, sdpa, "paged torch", _LyingGoal(1.2))
 
 
 def test_requests_per_step_counts_the_schedulers_batches(one_thread):

@@ -104,3 +104,38 @@ print(json.dumps({"before": before, "after": FREED_MEMORY.asked, "compiled": boo
     if not out["compiled"]:
         pytest.skip("torch.compile cannot build a CPU kernel here")
     assert out["after"] and out["kept"]
+
+
+@pytest.mark.parametrize(
+    ("preload", "reason"),
+    [
+        ("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "jemalloc is preloaded"),
+        ("/x/libhoard.so /y/libstdc++.so.6", "hoard is preloaded"),
+        ("/a/b.so:libmimalloc.so", "mimalloc is preloaded"),
+        ("/opt/not_jemalloc_shim.so", None),  # a file that only mentions an allocator is not one
+        ("/usr/lib/libstdc++.so.6", None),
+    ],
+)
+def test_a_preloaded_allocator_is_known_by_its_file_name(monkeypatch, preload, reason):
+    from kvlab.engine import memory
+
+    for name in memory._USER_MALLOC_VARIABLES + ("GLIBC_TUNABLES",):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("LD_PRELOAD", preload)
+    choice = memory._user_choice()
+    assert choice is None if reason is None else reason in choice
+
+
+def test_a_call_that_fails_changes_nothing_and_may_be_made_again(monkeypatch):
+    from kvlab.engine import memory
+
+    fresh = memory.FreedMemory()
+    monkeypatch.setattr(memory, "FREED_MEMORY", fresh)
+
+    def broken() -> tuple[str, str]:
+        raise OSError("no libc here")
+
+    monkeypatch.setattr(memory.platform, "libc_ver", broken)
+    with pytest.raises(OSError):
+        memory.keep_freed_memory()
+    assert fresh == memory.FreedMemory()  # not marked as asked: the next call tries again

@@ -131,6 +131,52 @@ def test_a_pool_larger_than_the_machine_is_refused_with_kvlabs_error():
         layer_pool(2**34, 16, 8, 128)
 
 
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"num_blocks": 1.5}, "num_blocks must be an integer"),
+        ({"num_blocks": 0}, "num_blocks must be at least 1"),
+        ({"num_blocks": 2**64}, "LIMITS.num_blocks"),
+        ({"dtype": "float32"}, "dtype must be"),
+        ({"dtype": torch.int64}, "dtype must be"),
+        ({"lead": "ab"}, "lead must be"),
+        ({"lead": None}, "lead must be"),
+        ({"lead": (2, 3)}, "lead must be"),
+        ({"lead": (0,)}, "num_layers must be at least 1"),
+        ({"head_dim": 2**64}, "head_dim must be at most"),
+        ({"num_kv_heads": 2**63}, "num_kv_heads must be at most"),
+        ({"max_mib": 0}, "max_mib must be at least 1"),
+        ({"num_blocks": 1024, "max_mib": 1}, "more than 1 .the bound max_mib"),
+    ],
+)
+def test_pool_tensors_checks_every_argument_itself(change, needle):
+    args = dict(lead=(), num_blocks=4, block_size=16, num_kv_heads=2, head_dim=8)
+    args.update(dtype=torch.float32, device="cpu", layout="auto")
+    args.update(change)
+    sizes = [args.pop(k) for k in ("lead", "num_blocks", "block_size", "num_kv_heads", "head_dim")]
+    with raised_limits(memory_mib=2**200), pytest.raises(InvalidArgumentError, match=needle):
+        attention.pool_tensors(*sizes, **args)
+
+
+def test_pool_tensors_holds_to_the_memory_limit_by_default():
+    with raised_limits(memory_mib=1), pytest.raises(InvalidArgumentError, match="LIMITS.memory_mib"):
+        attention.pool_tensors((), 1024, 16, 8, 128, dtype=torch.float32, device="cpu", layout="auto")
+
+
+def test_a_model_pool_is_bounded_by_its_own_sizes_not_the_configs_figure(monkeypatch):
+    """A config whose kv_bytes_per_token says 0 still gets a pool sized, and bounded, by its real shape."""
+    from kvlab.engine import model
+
+    class Lying(model.ModelConfig):
+        def kv_bytes_per_token(self) -> int:
+            return 0
+
+    config = Lying(num_layers=1, d_model=1024, num_heads=8, num_kv_heads=8)
+    monkeypatch.setattr(model, "MAX_MIB", 64)  # the weights fit; 128 MiB of KV do not
+    with pytest.raises(InvalidArgumentError, match="128 MiB.*the bound max_mib"):
+        model.KVPool(config, 1024, 16)
+
+
 class _Layout(str):
     def __eq__(self, other):
         return True
