@@ -26,10 +26,12 @@ Two schemes give byte-exact digests:
 
 from __future__ import annotations
 
+import array
+import functools
 import hashlib
-import marshal
 import pickle
 import struct
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -230,47 +232,56 @@ def check_token_ids(name: str, tokens: object, *, allow_empty: bool = False) -> 
 def plain_token_ids(tokens: object) -> bool:
     """True when a list or tuple (exactly those types) holds 1..``LIMITS.tokens`` plain ``int`` ids, each in 0..MAX_TOKEN_ID.
 
-    Two C-level passes do the work, no Python code per id. ``marshal`` (format version 2,
-    which never shares objects) writes a plain int in the signed 32-bit range as the byte
-    ``i`` and 4 little-endian bytes, anything else otherwise (a bool as ``T``/``F``, a bigger
-    int as ``l``, an int subclass or numpy int not at all), so the ids are exactly what is
-    asked when the output is 5 bytes per id with ``i`` at every fifth byte and no sign bit
-    set. Because version 2 writes every reference to an object out again, a first pass keeps
-    it to ints of bounded size: ``int.bit_length`` refuses anything that is not an ``int``
-    without running the item's own code (a nested list, a string, an object whose
-    ``__index__`` says it is an integer while it is a buffer ``marshal`` would copy), and the
-    bit lengths' sum bounds what ``marshal`` writes. False means "not vouched for", not
-    "refused": ``check_tokens`` then decides.
+    ``_exact_ints`` then ``_ids_in_range``: two C-level passes, no Python code per id and
+    none of the items' own code. False means "not vouched for", not "refused":
+    ``check_tokens`` then decides.
+    """
+    return _exact_ints(tokens) and _ids_in_range(tokens, 0)  # type: ignore[arg-type]
+
+
+def _exact_ints(tokens: object) -> bool:
+    """True when a list or tuple (exactly those types) holds 1..``LIMITS.tokens`` items, every one an exact ``int``.
+
+    One C-level pass lists the items' types and counts ``int`` among them: ``type`` reads an
+    object's type without asking it, so a bool, an int subclass, a numpy int or an object
+    whose ``__index__`` says it is an integer all fail, and no item's own code runs. The ids'
+    range is ``_ids_in_range``'s to check (a prefix cache checks only the ids its cached
+    blocks do not vouch for); a few ids (a decode step) get both checks in one plain loop.
     """
     # exactly these types: a subclass may lie about its items
     if type(tokens) is not list and type(tokens) is not tuple:
         return False
     n = len(tokens)
-    if n <= _FEW:  # a few ids (a decode step): a plain loop costs less than the two passes' setup
+    if n <= _FEW:  # a plain loop costs less than the C passes' setup
         for t in tokens:
             if type(t) is not int or not 0 <= t <= MAX_TOKEN_ID:
                 return False
         return 0 < n <= LIMITS.tokens
-    if n > LIMITS.tokens:
-        return False
+    return n <= LIMITS.tokens and list(map(type, tokens)).count(int) == n
+
+
+def _ids_in_range(tokens: Sequence[int], start: int) -> bool:
+    """True when the exact ints ``tokens[start:]`` (``_exact_ints`` said so) are all in 0..MAX_TOKEN_ID.
+
+    One C-level pass: converting plain ints to a C ``unsigned int`` array refuses a negative
+    id or one past 32 bits (``OverflowError``) and runs no code but the conversion; an id past
+    MAX_TOKEN_ID (2**31 - 1) then shows as a set top bit in its top byte.
+    """
+    rest = tokens[start:] if start else tokens
+    if len(rest) <= _FEW:
+        return all([0 <= t <= MAX_TOKEN_ID for t in rest])
     try:
-        if sum(map(_bit_length, tokens)) > _ID_BITS * n:  # a big int: not an id, and not for marshal
-            return False
-        packed = _marshal(tokens, 2)
-    except Exception:  # an item that is not an int, or that marshal cannot write
+        ids = _uint32_array(rest)
+    except OverflowError:  # a negative id, or one past 32 bits
         return False
-    return len(packed) == 5 * n + 5 and packed[5::5] == b"i" * n and packed[9::5].isascii()
+    return ids.tobytes()[_TOP_BYTE::4].isascii()  # no id has bit 31 set
 
 
 _FEW = 24
-_marshal = marshal.dumps
-_bit_length = int.bit_length
-_ID_BITS = MAX_TOKEN_ID.bit_length()
-
-
-_MARSHALLED = b"[\x02\x00\x00\x00i\x01\x00\x00\x00i\xff\xff\xff\x7f"
-assert _marshal([1, 2**31 - 1], 2) == _MARSHALLED, "the fast token check reads marshal's version 2"
-assert MAX_TOKEN_ID == 2**31 - 1, "the fast token check reads ids as int32"
+_uint32_array = functools.partial(array.array, "I")
+_TOP_BYTE = 3 if sys.byteorder == "little" else 0
+assert array.array("I").itemsize == 4, "the fast token check reads ids as 4-byte unsigned ints"
+assert MAX_TOKEN_ID == 2**31 - 1, "the fast token check reads an id past MAX_TOKEN_ID from bit 31"
 
 
 def short(digest: bytes, nbytes: int = 4) -> str:

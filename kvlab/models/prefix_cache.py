@@ -66,8 +66,8 @@ Hash names such as the lesson's "a1" are a display matter
 Cost: each call costs what it brings or changes (its tokens' blocks and hashes), never
 the length of a request's table (results carry a ``BlockTableView`` of the append-only
 table) nor anything for the history unless recording. Arguments are checked once, at the
-public methods (a prompt's token ids in one C-level pass, ``hashing.plain_token_ids``); the
-internals trust them. Blocks are cached under their key (parent hash, tokens, extra keys:
+public methods (a prompt's token ids in C-level passes; the ids its hit blocks cover equal
+cached ids, so only the rest get a range check); the internals trust them. Blocks are cached under their key (parent hash, tokens, extra keys:
 what vLLM's ``hash_block_tokens`` pickles), so a prompt block already cached is found by
 one dictionary lookup and never hashed again, and only new blocks cost a pickle and a
 SHA-256; the digests are the ones vLLM's chain computes. A full block reads its tokens
@@ -85,7 +85,7 @@ from dataclasses import dataclass
 from itertools import islice
 
 from kvlab.core import hashing
-from kvlab.core.hashing import _blocks, check_token_ids
+from kvlab.core.hashing import _blocks, _exact_ints, _ids_in_range, check_token_ids
 from kvlab.core.snapshots import BlockPoolState, BlockState, Event, History
 from kvlab.errors import (
     DuplicateRequestError,
@@ -99,6 +99,7 @@ from kvlab.errors import (
     check_int,
     check_optional_str,
     check_size,
+    check_tokens,
 )
 from kvlab.models.free_queue import Block, FreeBlockQueue
 from kvlab.models.paged import AllocationResult, BlockTableView
@@ -128,12 +129,12 @@ class _Request:
     __slots__ = ("tokens", "ids", "num_hashed", "last_hash", "salt")
 
     def __init__(
-        self, tokens: list[int], ids: list[int], num_hashed: int, last_hash: bytes | None, salt: str | None
+        self, tokens: list[int], ids: list[int], num_hashed: int, last_hash: bytes, salt: str | None
     ) -> None:
         self.tokens = tokens  # only grows: its blocks read their tokens from it
         self.ids = ids  # the block table; append-only, as in vLLM, so results hold views of it
         self.num_hashed = num_hashed  # every full block is hashed and cached; the chain goes on from
-        self.last_hash = last_hash  # the last one's hash
+        self.last_hash = last_hash  # the last one's hash (the scheme's none hash before block 0)
         self.salt = salt
 
 
@@ -252,10 +253,12 @@ class PrefixCache:
         return result
 
     def _probe(self, tokens: Sequence[int], cache_salt: str | None) -> tuple[ProbeResult, list[Block]]:
-        toks = check_token_ids("tokens", tokens)
+        toks, in_range = _prompt_ids(tokens)
         salt = None if cache_salt is None else _check_salt(cache_salt)
         bs = self.block_size
         hits = self._hits(islice(_blocks(toks, bs), (len(toks) - 1) // bs), salt)[0]
+        if not in_range and not _ids_in_range(toks, len(hits) * bs):
+            check_tokens("tokens", toks)  # refuses, naming the id out of range
         return ProbeResult(len(toks), len(hits) * bs, tuple([b.block_id for b in hits])), hits
 
     # ------------------------------------------------------------------ operations
@@ -270,13 +273,15 @@ class PrefixCache:
         """
         if type(request_id) is not str or not request_id or request_id in self._requests:
             request_id = self._check_new_id(request_id)
-        toks = check_token_ids("tokens", tokens)
+        toks, in_range = _prompt_ids(tokens)
         salt = None if cache_salt is None else _check_salt(cache_salt)
         bs = self.block_size
         num_tokens = len(toks)
         blocks = list(_blocks(toks, bs))  # the full blocks, as tuples
         hits, parent, num_free_hits = self._hits(islice(blocks, (num_tokens - 1) // bs), salt)
         num_hits = len(hits)
+        if not in_range and not _ids_in_range(toks, num_hits * bs):
+            check_tokens("tokens", toks)  # refuses, naming the id out of range
         num_new = -(-num_tokens // bs) - num_hits
         queue = self._queue
         if num_new + num_free_hits > len(queue):
@@ -285,7 +290,6 @@ class PrefixCache:
                 f"cannot allocate request {request_id!r}: it needs {num_new} new blocks{held}, "
                 f"but only {len(queue)} blocks are free; free a request or use a larger pool"
             )
-        hashes, keys = self._chain(parent, islice(blocks, num_hits, None), salt, not hits)
         for block in hits:  # touch: a free hit leaves the queue
             if block.ref_count == 0:
                 queue.remove(block)
@@ -293,8 +297,7 @@ class PrefixCache:
         new, new_ids, evicted, evicted_hashes = self._take(num_new, toks, num_hits * bs)
         hit_ids = [b.block_id for b in hits]
         ids = hit_ids + new_ids
-        self._cache_blocks(new, hashes, keys)
-        last = hashes[-1] if hashes else parent if hits else None
+        last = self._cache_full(parent, new, blocks[num_hits:], salt, not hits)
         self._requests[request_id] = _Request(toks, ids, len(blocks), last, salt)
         result = AllocationResult(
             request_id, num_tokens, num_tokens, num_hits * bs, tuple(hit_ids), tuple(new_ids), evicted,
@@ -331,14 +334,12 @@ class PrefixCache:
         ids.extend(new_ids)
         done, full = req.num_hashed, total // bs
         if full > done:
-            parent = self._none_hash if req.last_hash is None else req.last_hash
-            hashes, keys = self._chain(
-                parent, _blocks(req_tokens[done * bs : full * bs], bs), req.salt, done == 0
-            )
             blocks = self._blocks
-            self._cache_blocks([blocks[i] for i in ids[done:full]], hashes, keys)
+            req.last_hash = self._cache_full(
+                req.last_hash, [blocks[i] for i in ids[done:full]],
+                _blocks(req_tokens[done * bs : full * bs], bs), req.salt, done == 0,
+            )  # fmt: skip
             req.num_hashed = full
-            req.last_hash = hashes[-1]
         result = AllocationResult(
             request_id, total, len(toks), 0, (), tuple(new_ids), evicted, evicted_hashes,
             BlockTableView(ids, len(ids)),
@@ -420,14 +421,14 @@ class PrefixCache:
         many hits are free (taking them out of the queue uses up free capacity). Blocks
         are found by key, so a hit costs one lookup and no SHA-256.
         """
-        cached = self._cached
+        get = self._cached.get
         parent = self._none_hash
         extra, later = hashing.block_key_extra(salt, self.hash_scheme, True)
         hits: list[Block] = []
         add = hits.append
         num_free = 0
         for block in blocks:
-            oldest = cached.get((parent, block, extra))
+            oldest = get((parent, block, extra))
             if oldest is None:  # a key whose last block was evicted leaves the map
                 break
             if type(oldest) is not Block:
@@ -438,30 +439,6 @@ class PrefixCache:
             parent = oldest.block_hash  # type: ignore[assignment,union-attr]
             extra = later
         return hits, parent, num_free
-
-    def _chain(
-        self, parent: bytes, blocks: Iterable[tuple[int, ...]], salt: str | None, first: bool
-    ) -> tuple[list[bytes], list[tuple]]:
-        """The chained hashes of full ``blocks`` from ``parent``, with their keys.
-
-        ``first``: the blocks start at block 0. A block whose key is cached already takes
-        the digest of the blocks under it; only the others are hashed.
-        """
-        cached, digest_of = self._cached, self._digest
-        extra, later = hashing.block_key_extra(salt, self.hash_scheme, first)
-        hashes: list[bytes] = []
-        keys: list[tuple] = []
-        for block in blocks:
-            key = (parent, block, extra)
-            entry = cached.get(key)
-            if entry is None:
-                parent = digest_of(key)
-            else:
-                parent = (entry if type(entry) is Block else _oldest(entry)).block_hash  # type: ignore[arg-type,assignment]
-            hashes.append(parent)
-            keys.append(key)
-            extra = later
-        return hashes, keys
 
     def _take(
         self, n: int, source: list[int], start: int
@@ -505,27 +482,40 @@ class PrefixCache:
             new_ids.append(block_id)
         return new, new_ids, tuple(evicted), tuple(evicted_hashes)
 
-    def _cache_blocks(self, blocks: list[Block], hashes: list[bytes], keys: list[tuple]) -> None:
-        """Cache full blocks: ``blocks[i]`` under ``keys[i]`` (digest ``hashes[i]``) for every hash.
+    def _cache_full(
+        self, parent: bytes, blocks: Sequence[Block], token_blocks: Iterable[tuple[int, ...]],
+        salt: str | None, first: bool,
+    ) -> bytes:  # fmt: skip
+        """Hash and cache the full blocks among ``blocks`` (``blocks[i]`` holds ``token_blocks[i]``), chained from ``parent``.
 
-        A full block then reads its tokens from its key's tuple, so a request's token list lives
-        only as long as the request and its partial last block.
+        ``first``: the blocks start at block 0. Returns the last full block's hash (``parent``
+        when none is full). Each block is looked up and cached under its key in one step: a
+        key that is new gets its digest, one cached already gives the digest of the blocks
+        under it (vLLM keeps every copy: no de-duplication). A full block then reads its tokens
+        from its key's tuple, so a request's token list lives only as long as the request and
+        its partial last block.
         """
-        cached, keys_of, bs = self._cached, self._keys, self.block_size
-        for block, h, key in zip(blocks, hashes, keys):  # noqa: B905 (blocks may end with a partial one)
-            block.block_hash = h
-            block.source = key[1]  # a full block reads its tokens from its key: the request's list can go
+        cached, keys_of, digest_of, bs = self._cached, self._keys, self._digest, self.block_size
+        setdefault = cached.setdefault
+        extra, later = hashing.block_key_extra(salt, self.hash_scheme, first)
+        for block, tokens in zip(blocks, token_blocks):  # noqa: B905 (blocks may end with a partial one)
+            key = (parent, tokens, extra)
+            entry = setdefault(key, block)
+            if entry is block:
+                parent = digest_of(key)
+            elif type(entry) is Block:
+                parent = entry.block_hash  # type: ignore[assignment]
+                cached[key] = {entry.block_id: entry, block.block_id: block}
+            else:
+                parent = _oldest(entry).block_hash  # type: ignore[arg-type,assignment]
+                entry[block.block_id] = block  # type: ignore[index]
+            block.block_hash = parent
+            block.source = tokens  # a full block reads its tokens from its key: the request's list can go
             block.start = 0
             block.stop = bs
-            block_id = block.block_id
-            keys_of[block_id] = key
-            entry = cached.get(key)
-            if entry is None:
-                cached[key] = block
-            elif type(entry) is Block:
-                cached[key] = {entry.block_id: entry, block_id: block}  # no de-duplication, as in vLLM
-            else:
-                entry[block_id] = block  # type: ignore[index]
+            keys_of[block.block_id] = key
+            extra = later
+        return parent
 
     def _by_id(self, block_ids: list[int]) -> list[Block]:
         return [self._blocks[i] for i in block_ids]
@@ -586,6 +576,20 @@ class PrefixCache:
                 f"block_id {block_id} is out of range: the pool has {len(self._blocks)} blocks"
             )
         return self._blocks[block_id]
+
+
+def _prompt_ids(tokens: object) -> tuple[list[int], bool]:
+    """A prompt's ids as a new list, and whether their range is checked yet.
+
+    A list or tuple of exact ints is copied with its range unchecked: the ids its hit blocks
+    cover equal a cached block's ids (exact ints on both sides, so ``==`` is plain value
+    equality and runs no item's code), so only the rest needs ``_ids_in_range``, checked
+    before anything changes. Anything else goes through ``check_tokens``, which converts what
+    it accepts and says what is wrong with what it refuses.
+    """
+    if _exact_ints(tokens):
+        return list(tokens), False  # type: ignore[call-overload]
+    return check_tokens("tokens", tokens), True
 
 
 def _oldest(holders: dict[int, Block]) -> Block:

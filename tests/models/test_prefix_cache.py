@@ -639,3 +639,30 @@ def test_full_blocks_keep_their_tokens_once_the_request_is_gone():
     again = cache.allocate("B", prompt + [14, 15, 16, 99])  # 3 full blocks hit (the cap leaves the last one)
     assert again.hit_block_ids == (0, 1, 2) and cache.block_table("B")[:3] == (0, 1, 2)
     assert cache.cached_blocks() == {cache.block_hash(b): (b,) for b in (0, 1, 2)}
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(0, 8),
+    st.integers(1, 60),
+    st.integers(0, 10**6),
+    st.sampled_from([-1, -(2**40), MAX_TOKEN_ID + 1, 2**32, 2**40, True, 3.0]),
+    st.sampled_from(["allocate", "probe", "lookup"]),
+)
+def test_an_id_past_a_cache_hit_is_refused_and_changes_nothing(prefix_blocks, tail, where, bad, op):
+    """A prompt's hit blocks vouch for their ids; every other id still gets the range check, before any change."""
+    cache = PrefixCache(64, 4, hash_scheme="vllm", record=True)
+    cached = list(range(100, 132))
+    cache.allocate("A", cached)
+    cache.free("A")  # its blocks stay cached, free: a hit takes them out of the queue
+    prompt = cached[: 4 * prefix_blocks] + list(range(500, 500 + tail))
+    call = (lambda p: cache.allocate("B", p)) if op == "allocate" else getattr(cache, op)
+    expected = call(list(prompt))  # the same prompt with every id in range: the hit is real
+    assert len(expected.hit_block_ids) == min(prefix_blocks, (len(prompt) - 1) // 4)
+    if op == "allocate":
+        cache.free("B")
+    before, steps = cache.snapshot(), len(cache.history)
+    prompt[where % len(prompt)] = bad
+    with pytest.raises(InvalidArgumentError, match=r"tokens\[\d+\]"):
+        call(prompt)
+    assert cache.snapshot() == before and len(cache.history) == steps
