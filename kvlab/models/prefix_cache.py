@@ -67,11 +67,12 @@ Cost: each call costs what it brings or changes (its tokens' blocks and hashes),
 the length of a request's table (results carry a ``BlockTableView`` of the append-only
 table) nor anything for the history unless recording. Arguments are checked once, at the
 public methods (a prompt's token ids in C-level passes; the ids its hit blocks cover equal
-cached ids, so only the rest get a range check); the internals trust them. Blocks are cached under their key (parent hash, tokens, extra keys:
-what vLLM's ``hash_block_tokens`` pickles), so a prompt block already cached is found by
-one dictionary lookup and never hashed again, and only new blocks cost a pickle and a
-SHA-256; the digests are the ones vLLM's chain computes. A full block reads its tokens
-from its key's tuple, so a freed request's token list does not outlive it.
+cached ids, so only the rest get a range check); the internals trust them. Blocks are
+cached under their key (parent hash, tokens, extra keys: what vLLM's ``hash_block_tokens``
+pickles), so a prompt block already cached is found by one dictionary lookup and never
+hashed again, and only new blocks cost a pickle and a SHA-256; the digests are the ones
+vLLM's chain computes. A full block reads its tokens from its key's tuple, so a freed
+request's token list does not outlive it.
 
 Kept as one module (over 500 lines with its docstring): the cache's rules
 (lookup, touch, take-and-evict, cache, free) share one state and only make
@@ -257,8 +258,7 @@ class PrefixCache:
         salt = None if cache_salt is None else _check_salt(cache_salt)
         bs = self.block_size
         hits = self._hits(islice(_blocks(toks, bs), (len(toks) - 1) // bs), salt)[0]
-        if not in_range and not _ids_in_range(toks, len(hits) * bs):
-            check_tokens("tokens", toks)  # refuses, naming the id out of range
+        _check_uncached_ids(toks, in_range, len(hits) * bs)
         return ProbeResult(len(toks), len(hits) * bs, tuple([b.block_id for b in hits])), hits
 
     # ------------------------------------------------------------------ operations
@@ -280,8 +280,7 @@ class PrefixCache:
         blocks = list(_blocks(toks, bs))  # the full blocks, as tuples
         hits, parent, num_free_hits = self._hits(islice(blocks, (num_tokens - 1) // bs), salt)
         num_hits = len(hits)
-        if not in_range and not _ids_in_range(toks, num_hits * bs):
-            check_tokens("tokens", toks)  # refuses, naming the id out of range
+        _check_uncached_ids(toks, in_range, num_hits * bs)
         num_new = -(-num_tokens // bs) - num_hits
         queue = self._queue
         if num_new + num_free_hits > len(queue):
@@ -590,6 +589,12 @@ def _prompt_ids(tokens: object) -> tuple[list[int], bool]:
     if _exact_ints(tokens):
         return list(tokens), False  # type: ignore[call-overload]
     return check_tokens("tokens", tokens), True
+
+
+def _check_uncached_ids(tokens: list[int], in_range: bool, start: int) -> None:
+    """Refuse ``tokens`` (``_prompt_ids``' list) when an id past the first ``start``, which cache hits vouch for, is out of range."""
+    if not in_range and not _ids_in_range(tokens, start):
+        check_tokens("tokens", tokens)  # raises, naming the id out of range
 
 
 def _oldest(holders: dict[int, Block]) -> Block:

@@ -666,3 +666,26 @@ def test_an_id_past_a_cache_hit_is_refused_and_changes_nothing(prefix_blocks, ta
     with pytest.raises(InvalidArgumentError, match=r"tokens\[\d+\]"):
         call(prompt)
     assert cache.snapshot() == before and len(cache.history) == steps
+
+
+class _BufferInt(int):
+    """An int subclass that is also a buffer (Python 3.12+ honours ``__buffer__``): its code must never run."""
+
+    calls = 0
+
+    def __buffer__(self, flags):
+        type(self).calls += 1
+        return memoryview(b"abcd")
+
+
+def test_an_int_subclass_that_is_a_buffer_is_never_read_as_a_buffer():
+    """The fast check does not vouch for it (no code of its own runs); check_tokens takes it as the plain int it is."""
+    tokens = [1] * 30 + [_BufferInt(2)]
+    assert not plain_token_ids(tokens)
+    cache = PrefixCache(16, 4, hash_scheme="vllm")
+    cache.allocate("A", tokens)
+    assert (
+        cache.snapshot().blocks[7].tokens == (1, 1, 2) and type(cache.snapshot().blocks[7].tokens[2]) is int
+    )
+    assert block_hashes(tokens, 4, scheme="vllm") == block_hashes([1] * 30 + [2], 4, scheme="vllm")
+    assert _BufferInt.calls == 0
