@@ -29,11 +29,13 @@ from __future__ import annotations
 import array
 import functools
 import hashlib
+import operator
 import pickle
 import struct
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 
 from kvlab.errors import (
     LIMITS,
@@ -242,9 +244,11 @@ def plain_token_ids(tokens: object) -> bool:
 def _exact_ints(tokens: object) -> bool:
     """True when a list or tuple (exactly those types) holds 1..``LIMITS.tokens`` items, every one an exact ``int``.
 
-    One C-level pass lists the items' types and counts ``int`` among them: ``type`` reads an
-    object's type without asking it, so a bool, an int subclass, a numpy int or an object
-    whose ``__index__`` says it is an integer all fail, and no item's own code runs. The ids'
+    One C-level pass compares each item's type with ``int`` by identity: ``type`` reads an
+    object's type without asking it, and ``operator.is_`` asks nothing either (``==`` would
+    ask a metaclass's ``__eq__``, which may say yes), so a bool, an int subclass, a numpy
+    int or an object whose ``__index__`` says it is an integer all fail, and no item's own
+    code runs. The ids'
     range is ``_ids_in_range``'s to check (a prefix cache checks only the ids its cached
     blocks do not vouch for); a few ids (a decode step) get both checks in one plain loop.
     """
@@ -257,7 +261,7 @@ def _exact_ints(tokens: object) -> bool:
             if type(t) is not int or not 0 <= t <= MAX_TOKEN_ID:
                 return False
         return 0 < n <= LIMITS.tokens
-    return n <= LIMITS.tokens and list(map(type, tokens)).count(int) == n
+    return n <= LIMITS.tokens and all(map(_is, map(type, tokens), repeat(int)))
 
 
 def _ids_in_range(tokens: Sequence[int], start: int) -> bool:
@@ -278,6 +282,7 @@ def _ids_in_range(tokens: Sequence[int], start: int) -> bool:
 
 
 _FEW = 24
+_is = operator.is_
 _uint32_array = functools.partial(array.array, "I")
 _TOP_BYTE = 3 if sys.byteorder == "little" else 0
 assert array.array("I").itemsize == 4, "the fast token check reads ids as 4-byte unsigned ints"

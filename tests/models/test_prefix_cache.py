@@ -689,3 +689,42 @@ def test_an_int_subclass_that_is_a_buffer_is_never_read_as_a_buffer():
     )
     assert block_hashes(tokens, 4, scheme="vllm") == block_hashes([1] * 30 + [2], 4, scheme="vllm")
     assert _BufferInt.calls == 0
+
+
+class _Yes(type):
+    """A metaclass whose classes claim to equal every other class: ``type(t) == int`` is True for them."""
+
+    def __eq__(cls, other):
+        _Yes.calls += 1
+        return True
+
+    __hash__ = type.__hash__
+    calls = 0
+
+
+class _LyingInt(int, metaclass=_Yes):
+    def __eq__(self, other):
+        return True
+
+    __hash__ = int.__hash__
+
+
+class _LyingObject(metaclass=_Yes):
+    pass
+
+
+def test_a_metaclass_that_claims_to_be_int_is_never_asked():
+    """The type check compares by identity: a type that says it equals int is neither asked nor believed."""
+    cache = PrefixCache(16, 4, record=True)
+    cache.allocate("A", [0] * 32)
+    before, steps = cache.snapshot(), len(cache.history)
+    liars = [_LyingInt(2**40)] * 28 + [0] * 4  # would "hit" A's blocks and skip the range check
+    for tokens in (liars, [_LyingObject()] * 30):
+        assert not plain_token_ids(tokens)
+        for call in (lambda t: cache.allocate("B", t), cache.probe, cache.lookup):
+            with pytest.raises(InvalidArgumentError):
+                call(tokens)
+        with pytest.raises(InvalidArgumentError):
+            block_hashes(tokens, 4, scheme="vllm")
+    assert _Yes.calls == 0
+    assert cache.snapshot() == before and len(cache.history) == steps
