@@ -235,10 +235,11 @@ def plain_token_ids(tokens: object) -> bool:
     """True when a list or tuple (exactly those types) holds 1..``LIMITS.tokens`` plain ``int`` ids, each in 0..MAX_TOKEN_ID.
 
     ``_exact_ints`` then ``_ids_in_range``: two C-level passes, no Python code per id and
-    none of the items' own code. False means "not vouched for", not "refused":
+    none of the items' own code (a few ids, a decode step's, get both checks in
+    ``_exact_ints``' one loop). False means "not vouched for", not "refused":
     ``check_tokens`` then decides.
     """
-    return _exact_ints(tokens) and _ids_in_range(tokens, 0)  # type: ignore[arg-type]
+    return _exact_ints(tokens) and (len(tokens) <= _FEW or _ids_in_range(tokens, 0))  # type: ignore[arg-type]
 
 
 def _exact_ints(tokens: object) -> bool:

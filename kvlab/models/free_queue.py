@@ -126,9 +126,9 @@ class FreeBlockQueue:
         """``popleft_n`` of an ``n`` known to be 0..len(self)."""
         out: list[Block] = []
         add = out.append
-        node = self._head.next_free
+        node, tail = self._head.next_free, self._tail
         for _ in range(n):
-            assert node is not None and node is not self._tail, "free queue underflow"
+            assert node is not None and node is not tail, "free queue underflow"
             add(node)
             nxt = node.next_free
             node.prev_free = node.next_free = None
