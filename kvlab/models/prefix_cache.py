@@ -293,9 +293,7 @@ class PrefixCache:
             if block.ref_count == 0:
                 queue.remove(block)
             block.ref_count += 1
-        new, new_ids, evicted, evicted_hashes = self._take(
-            num_new, toks, num_hits * bs, len(blocks) - num_hits
-        )
+        new, new_ids, evicted, evicted_hashes = self._take(num_new, toks, num_hits * bs)
         hit_ids = [b.block_id for b in hits]
         ids = hit_ids + new_ids
         last = self._cache_full(parent, new, blocks[num_hits:], salt, not hits)
@@ -330,12 +328,10 @@ class PrefixCache:
                 f"cannot append {len(toks)} tokens to request {request_id!r}: they need {num_new} new blocks, "
                 f"but only {len(self._queue)} are free; free a request or use a larger pool"
             )
-        done, full = req.num_hashed, total // bs
-        new, new_ids, evicted, evicted_hashes = self._take(
-            num_new, req_tokens, len(ids) * bs, max(0, full - len(ids))
-        )
+        new, new_ids, evicted, evicted_hashes = self._take(num_new, req_tokens, len(ids) * bs)
         req_tokens.extend(toks)  # the last block, if partial, reads its new tokens from here
         ids.extend(new_ids)
+        done, full = req.num_hashed, total // bs
         if full > done:
             blocks = self._blocks
             req.last_hash = self._cache_full(
@@ -426,9 +422,7 @@ class PrefixCache:
         """
         get = self._cached.get
         parent = self._none_hash
-        extra = later = None
-        if salt is not None:
-            extra, later = hashing.block_key_extra(salt, self.hash_scheme, True)
+        extra, later = hashing.block_key_extra(salt, self.hash_scheme, True)
         hits: list[Block] = []
         add = hits.append
         num_free = 0
@@ -446,15 +440,13 @@ class PrefixCache:
         return hits, parent, num_free
 
     def _take(
-        self, n: int, source: list[int], start: int, num_full: int
+        self, n: int, source: list[int], start: int
     ) -> tuple[list[Block], list[int], tuple[int, ...], tuple[bytes, ...]]:
         """Pop ``n`` blocks from the front for the tokens ``source[start:]``; evict the content of those with a hash.
 
         Returns the blocks and their ids, then the ids and hashes of the evicted ones, in
-        the order they were taken. The first ``num_full`` blocks are full, and the caller's
-        ``_cache_full`` points them at their keys' tokens; each later block ``i`` reads its
-        tokens from ``source``, block ``i`` of the tokens from ``start`` on (the list only
-        grows, so nothing is copied).
+        the order they were taken. Block ``i`` reads its tokens from ``source``, block ``i``
+        of the tokens from ``start`` on (the list only grows, so nothing is copied).
         """
         if not n:
             return [], [], (), ()
@@ -482,13 +474,11 @@ class PrefixCache:
                 evicted_hashes.append(h)
             block.ref_count = 1
             block.ever_used = True
-            new_ids.append(block_id)
-        start += num_full * bs
-        for block in new[num_full:]:  # the partial last block, if any
             block.source = source
             block.start = start
             start += bs
             block.stop = start
+            new_ids.append(block_id)
         return new, new_ids, tuple(evicted), tuple(evicted_hashes)
 
     def _cache_full(
@@ -506,9 +496,7 @@ class PrefixCache:
         """
         cached, keys_of, digest_of, bs = self._cached, self._keys, self._digest, self.block_size
         setdefault = cached.setdefault
-        extra = later = None  # no salt: no extra keys under either scheme
-        if salt is not None:
-            extra, later = hashing.block_key_extra(salt, self.hash_scheme, first)
+        extra, later = hashing.block_key_extra(salt, self.hash_scheme, first)
         for block, tokens in zip(blocks, token_blocks):  # noqa: B905 (blocks may end with a partial one)
             key = (parent, tokens, extra)
             entry = setdefault(key, block)
